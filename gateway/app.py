@@ -1,0 +1,72 @@
+"""The application factory: routes, middleware, and resources opened/closed in cleanup_ctx."""
+
+from __future__ import annotations
+
+from typing import AsyncIterator
+
+from aiohttp import web
+
+from gateway.chat import ChatPipeline, handle_chat
+from gateway.errors import error_middleware
+from gateway.identity import Identity
+from gateway.logs import request_log_middleware
+from gateway.metrics import Metrics
+from gateway.proxy import passthrough
+from gateway.settings import Settings
+from gateway.state import IDENTITY, LEDGER, METRICS, PIPELINE, SETTINGS, UPSTREAM
+from gateway.upstream import Upstream
+from store.ledger import Ledger
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def metrics_endpoint(request: web.Request) -> web.Response:
+    metrics = request.app[METRICS]
+    ledger = request.app[LEDGER]
+    metrics.store_bytes.labels("ledger").set(ledger.volume_bytes())
+    return web.Response(body=metrics.render(), headers={"Content-Type": metrics.content_type})
+
+
+def create_app(settings: Settings) -> web.Application:
+    app = web.Application(
+        middlewares=[request_log_middleware, error_middleware],
+        client_max_size=int(settings.server.max_body_mb * 1024 * 1024),
+    )
+    app[SETTINGS] = settings
+    app[METRICS] = Metrics(known_models=list(settings.models))
+    app[IDENTITY] = Identity(
+        {name: key.get_secret_value() for name, key in settings.tenants.items()},
+        settings.session.header,
+        settings.session.fallback,
+    )
+    app.cleanup_ctx.append(_resources)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics_endpoint)
+    app.router.add_post("/v1/chat/completions", handle_chat)
+    app.router.add_route("*", "/v1/{tail:.*}", passthrough)
+    return app
+
+
+async def _resources(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    upstream = Upstream(
+        settings.upstream.base_url,
+        settings.upstream.api_key.get_secret_value(),
+        connect_timeout=settings.upstream.connect_timeout_s,
+        read_timeout=settings.upstream.read_timeout_s,
+        max_connections=settings.upstream.max_connections,
+    )
+    await upstream.start()
+    ledger = Ledger(settings.store.path, synchronous=settings.store.sync)
+    app[UPSTREAM] = upstream
+    app[LEDGER] = ledger
+    app[PIPELINE] = ChatPipeline(
+        settings=settings, upstream=upstream, ledger=ledger, identity=app[IDENTITY], metrics=app[METRICS]
+    )
+    try:
+        yield
+    finally:
+        await upstream.close()
+        ledger.close()

@@ -1,0 +1,246 @@
+"""POST /v1/chat/completions: the per-request pipeline (DESIGN §2).
+
+1. parse and validate; identify tenant and session,
+2. sync the messages into the ledger (durable before the upstream call),
+3-5. build the view the upstream receives (projection, compaction, recall tools, tailoring),
+6. forward; resolve recall calls; stream the answer to the client as it comes,
+7. record the answer, update metrics, let the summariser know.
+
+When the view equals what the client sent, the client's body bytes are forwarded unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+import orjson
+from aiohttp import web
+
+from gateway.chat_request import ChatRequest, parse_chat_request
+from gateway.errors import error_body
+from gateway.sse import SSEDecoder, StreamAssembler
+from gateway.state import LOG_FIELDS, MODEL, PIPELINE, REQUEST_ID, SESSION, TENANT
+from gateway.upstream import response_headers
+from store.canonical import path_ids
+from store.ledger import SessionRef
+
+log = logging.getLogger("palimpsest.chat")
+ROUTE = "chat"
+
+
+@dataclass(slots=True)
+class Timing:
+    """Where the time of one request went; overhead = total - upstream."""
+
+    started: float = field(default_factory=time.perf_counter)
+    upstream: float = 0.0
+
+    def waiting(self, since: float) -> None:
+        self.upstream += time.perf_counter() - since
+
+
+@dataclass(slots=True)
+class Turn:
+    """One chat request on its way through the pipeline."""
+
+    chat: ChatRequest
+    ref: SessionRef | None
+    model_label: str
+    timing: Timing
+    view: "View"
+    headers: dict[str, str] = field(default_factory=dict)
+    answer: dict | None = None
+    usage: dict | None = None
+
+
+@dataclass(slots=True)
+class View:
+    """What the upstream receives. messages None means: forward the client's bytes unchanged."""
+
+    messages: list[dict] | None = None
+    tools: list[dict] | None = None
+    recall_names: tuple[str, str] | None = None
+    client_tokens: int = 0
+    upstream_tokens: int = 0
+    checkpoint: str | None = None
+    hidden: frozenset[str] = frozenset()
+
+    def body(self, chat: ChatRequest) -> bytes:
+        if self.messages is None:
+            return chat.raw
+        body = dict(chat.body)
+        body["messages"] = self.messages
+        if self.tools is not None:
+            body["tools"] = self.tools
+        return orjson.dumps(body)
+
+
+class ChatPipeline:
+    def __init__(self, *, settings, upstream, ledger, identity, metrics, views=None, recall=None, summaries=None) -> None:
+        self.settings = settings
+        self.upstream = upstream
+        self.ledger = ledger
+        self.identity = identity
+        self.metrics = metrics
+        self.views = views
+        self.recall = recall
+        self.summaries = summaries
+        self._session_header = settings.session.header.lower()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        timing = Timing()
+        chat = parse_chat_request(await request.read())
+        model_label = self.metrics.model_label(chat.model)
+        request[MODEL] = model_label
+        tenant = self.identity.tenant(request)
+        ref: SessionRef | None = None
+        if chat.history:
+            # Hash first: the fingerprint fallback names the session by its first event.
+            ids = path_ids(chat.history)
+            ref = self.identity.session(request, tenant, ids[0])
+            if ref is not None:
+                chat.ids = self.ledger.sync(ref, chat.history, ids).ids
+                self.ledger.note_request(ref)
+        else:
+            ref = self.identity.session(request, tenant, None)
+        request[TENANT] = tenant
+        if ref is not None:
+            request[SESSION] = ref.key
+        view = await self.views.build(chat, ref, timing) if (self.views and ref) else View()
+        turn = Turn(chat, ref, model_label, timing, view)
+        turn.headers["x-request-id"] = request.get(REQUEST_ID, "")
+        if ref is not None:
+            turn.headers["x-palimpsest-session"] = ref.key.split("/", 1)[1]
+        if view.messages is not None:
+            turn.headers["x-palimpsest-prompt-tokens-client"] = str(view.client_tokens)
+            turn.headers["x-palimpsest-prompt-tokens-upstream"] = str(view.upstream_tokens)
+            if view.checkpoint:
+                turn.headers["x-palimpsest-checkpoint"] = view.checkpoint
+        status = 502
+        try:
+            if view.recall_names is not None and self.recall is not None:
+                response = await self.recall.respond(request, turn)
+            elif chat.stream:
+                response = await self._relay_stream(request, turn)
+            else:
+                response = await self._relay_json(request, turn)
+            status = response.status
+            return response
+        finally:
+            self._observe(turn, status)
+
+    # -- forwarding ------------------------------------------------------------------------
+
+    def upstream_headers(self, request: web.Request, length: int):
+        headers = self.upstream.request_headers(request.headers, drop=frozenset({self._session_header}))
+        headers["Content-Type"] = "application/json"
+        headers["Content-Length"] = str(length)
+        return headers
+
+    async def _relay_json(self, request: web.Request, turn: Turn) -> web.StreamResponse:
+        body = turn.view.body(turn.chat)
+        t0 = time.perf_counter()
+        async with self.upstream.request(
+            self.upstream.api, "POST", self.upstream.url("/v1/chat/completions"), headers=self.upstream_headers(request, len(body)), data=body
+        ) as up:
+            payload = await up.read()
+            turn.timing.waiting(t0)
+            headers = response_headers(up.headers, decoded=True)
+            headers.update(turn.headers)
+            if up.status == 200:
+                self._learn(turn, payload)
+            response = web.Response(status=up.status, reason=up.reason, body=payload, headers=headers)
+        await response.prepare(request)
+        await response.write_eof()
+        self._record(turn)
+        return response
+
+    async def _relay_stream(self, request: web.Request, turn: Turn) -> web.StreamResponse:
+        body = turn.view.body(turn.chat)
+        t0 = time.perf_counter()
+        async with self.upstream.request(
+            self.upstream.api, "POST", self.upstream.url("/v1/chat/completions"), headers=self.upstream_headers(request, len(body)), data=body
+        ) as up:
+            turn.timing.waiting(t0)
+            headers = response_headers(up.headers, decoded=True)
+            headers.update(turn.headers)
+            if up.status != 200 or "text/event-stream" not in up.headers.get("Content-Type", ""):
+                t0 = time.perf_counter()
+                payload = await up.read()
+                turn.timing.waiting(t0)
+                response = web.Response(status=up.status, reason=up.reason, body=payload, headers=headers)
+                await response.prepare(request)
+                await response.write_eof()
+                return response
+            response = web.StreamResponse(status=up.status, reason=up.reason, headers=headers)
+            await response.prepare(request)
+            decoder, assembler = SSEDecoder(), StreamAssembler()
+            while True:
+                t0 = time.perf_counter()
+                chunk = await up.content.readany()
+                turn.timing.waiting(t0)
+                if not chunk:
+                    break
+                await response.write(chunk)
+                for data in decoder.feed(chunk):
+                    if data == "[DONE]":
+                        assembler.done = True
+                        continue
+                    try:
+                        assembler.add(orjson.loads(data))
+                    except (orjson.JSONDecodeError, AttributeError, TypeError):
+                        continue
+            await response.write_eof()
+        if assembler.finish_reason is not None:
+            turn.answer = assembler.message()
+            turn.usage = assembler.usage
+        self._record(turn)
+        return response
+
+    # -- after the answer ------------------------------------------------------------------
+
+    def _learn(self, turn: Turn, payload: bytes) -> None:
+        try:
+            data = orjson.loads(payload)
+            turn.answer = data["choices"][0]["message"]
+            turn.usage = data.get("usage")
+        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+            turn.answer = None
+
+    def _record(self, turn: Turn) -> None:
+        if turn.ref is None or turn.answer is None:
+            return
+        parent = turn.chat.ids[-1] if turn.chat.ids else None
+        try:
+            event = self.ledger.append(turn.ref, parent, turn.answer)
+        except Exception:
+            log.exception("recording the answer failed")
+            return
+        if self.summaries is not None:
+            self.summaries.after_turn(turn, event)
+
+    def _observe(self, turn: Turn, status: int) -> None:
+        m = self.metrics
+        elapsed = time.perf_counter() - turn.timing.started
+        m.requests.labels(ROUTE, turn.model_label, str(status)).inc()
+        m.request_seconds.labels(ROUTE, turn.model_label).observe(elapsed)
+        m.upstream_seconds.labels(ROUTE, turn.model_label).observe(turn.timing.upstream)
+        m.overhead_seconds.labels(ROUTE).observe(max(0.0, elapsed - turn.timing.upstream))
+        view = turn.view
+        if view.client_tokens:
+            m.client_prompt_tokens.labels(turn.model_label).inc(view.client_tokens)
+            m.upstream_prompt_tokens.labels(turn.model_label).inc(view.upstream_tokens)
+            m.tokens_saved.labels(turn.model_label).inc(max(0, view.client_tokens - view.upstream_tokens))
+        usage = turn.usage
+        if usage:
+            m.upstream_usage_prompt_tokens.labels(turn.model_label).inc(usage.get("prompt_tokens") or 0)
+            m.upstream_usage_completion_tokens.labels(turn.model_label).inc(usage.get("completion_tokens") or 0)
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            m.upstream_usage_cached_tokens.labels(turn.model_label).inc(cached)
+
+
+async def handle_chat(request: web.Request) -> web.StreamResponse:
+    return await request.app[PIPELINE].handle(request)

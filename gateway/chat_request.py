@@ -1,0 +1,75 @@
+"""Parsing and validating a chat completion request body (400 on what we cannot route).
+
+Only what the gateway itself depends on is checked: JSON object, ``model`` a string,
+``messages`` a non-empty list of objects with string roles, ``stream`` a boolean. Everything
+else, unknown fields included, is the provider's business and is passed on unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import orjson
+
+from gateway.errors import BadRequest
+from store.canonical import is_instruction
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
+@dataclass(slots=True)
+class ChatRequest:
+    raw: bytes
+    body: dict
+    model: str
+    stream: bool
+    instructions: list[dict]  # system/developer messages: not history, always this request's
+    history: list[dict]  # everything else: the path in the ledger
+    max_output_tokens: int = 0
+    ids: list[str] = field(default_factory=list)
+
+
+def parse_chat_request(raw: bytes) -> ChatRequest:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"We could not parse the JSON body of your request ({exc.args[0]}).") from None
+    if not isinstance(body, dict):
+        raise BadRequest("The request body must be a JSON object.")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("'model' must be a non-empty string.", param="model")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty array.", param="messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise BadRequest(f"'messages[{i}]' must be an object.", param=f"messages[{i}]")
+        role = message.get("role")
+        if not isinstance(role, str) or role not in ROLES:
+            raise BadRequest(f"'messages[{i}].role' must be one of {sorted(ROLES)}.", param=f"messages[{i}].role")
+        content = message.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise BadRequest(f"'messages[{i}].content' must be a string or an array of parts.", param=f"messages[{i}].content")
+        tool_calls = message.get("tool_calls")
+        if tool_calls is not None and not (isinstance(tool_calls, list) and all(isinstance(c, dict) for c in tool_calls)):
+            raise BadRequest(f"'messages[{i}].tool_calls' must be an array of objects.", param=f"messages[{i}].tool_calls")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise BadRequest("'stream' must be a boolean.", param="stream")
+    tools = body.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise BadRequest("'tools' must be an array of objects.", param="tools")
+    max_out = 0
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise BadRequest(f"'{name}' must be a non-negative integer.", param=name)
+        max_out = max(max_out, value)
+    instructions = [m for m in messages if is_instruction(m)]
+    history = [m for m in messages if not is_instruction(m)]
+    return ChatRequest(raw, body, model, stream, instructions, history, max_out)

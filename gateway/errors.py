@@ -1,0 +1,108 @@
+"""Errors, rendered once, by one middleware, as the OpenAI envelope.
+
+    GatewayError                  base: status 500, type "api_error"
+    ├── BadRequest                400 invalid_request_error (malformed JSON, wrong types)
+    │   └── ContextLengthExceeded 400 code context_length_exceeded (cannot fit even tailored)
+    ├── Unauthorized              401 (admin API)
+    ├── NotFound                  404
+    ├── PayloadTooLarge           413
+    ├── UpstreamUnreachable       502
+    └── UpstreamTimeout           504
+
+Upstream error responses are not GatewayErrors: they are relayed as they came (status, body
+and rate-limit headers), because clients retry on exactly what the provider said.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+import orjson
+
+log = logging.getLogger("palimpsest.errors")
+
+
+class GatewayError(Exception):
+    status = 500
+    type = "api_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+
+class BadRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class ContextLengthExceeded(BadRequest):
+    code = "context_length_exceeded"
+
+
+class Unauthorized(GatewayError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class NotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class UpstreamUnreachable(GatewayError):
+    status = 502
+    type = "upstream_error"
+    code = "upstream_unreachable"
+
+
+class UpstreamTimeout(GatewayError):
+    status = 504
+    type = "upstream_error"
+    code = "upstream_timeout"
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> bytes:
+    return orjson.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
+
+
+def error_response(status: int, message: str, type_: str, param: str | None = None, code: str | None = None) -> web.Response:
+    return web.Response(status=status, body=error_body(message, type_, param, code), content_type="application/json")
+
+
+_HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 404: "invalid_request_error", 429: "rate_limit_error"}
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except GatewayError as exc:
+        return error_response(exc.status, exc.message, exc.type, exc.param, exc.code)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        type_ = _HTTP_TYPES.get(exc.status, "invalid_request_error" if exc.status < 500 else "api_error")
+        code = "request_too_large" if exc.status == 413 else None
+        response = error_response(exc.status, exc.reason if exc.text is None else exc.text.removeprefix(f"{exc.status}: "), type_, None, code)
+        for name in ("Allow",):
+            if name in exc.headers:
+                response.headers[name] = exc.headers[name]
+        return response
+    except Exception:
+        # Never the message text or credentials: only the route and the exception type/trace.
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(500, "The gateway failed to handle this request.", "api_error", None, "internal_error")

@@ -1,0 +1,79 @@
+"""Structured logs: one line per request, never message text or credentials.
+
+``x-request-id`` is accepted from the client (or generated) and echoed back, so a client's
+log line and ours can be joined.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+import time
+import uuid
+
+from aiohttp import web
+
+from gateway.state import LOG_FIELDS, MODEL, REQUEST_ID, SESSION, TENANT
+
+access = logging.getLogger("palimpsest.access")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"ts": round(record.created, 3), "level": record.levelname, "logger": record.name, "msg": record.getMessage()}
+        fields = getattr(record, "fields", None)
+        if fields:
+            out.update(fields)
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        base = super().format(record)
+        fields = getattr(record, "fields", None)
+        if fields:
+            base += " " + " ".join(f"{k}={v}" for k, v in fields.items())
+        return base
+
+
+def setup_logging(level: str, json_format: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if json_format else TextFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+@web.middleware
+async def request_log_middleware(request: web.Request, handler):
+    started = time.perf_counter()
+    given = request.headers.get("x-request-id", "")
+    request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+    request[REQUEST_ID] = request_id
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        if not response.prepared:
+            response.headers["x-request-id"] = request_id
+        return response
+    finally:
+        if request.path not in ("/metrics", "/healthz"):
+            fields = {
+                "request_id": request_id,
+                "method": request.method,
+                "route": request.path if not request.path.startswith("/admin") else "/admin",
+                "status": status,
+                "ms": round((time.perf_counter() - started) * 1000, 2),
+                "tenant": request.get(TENANT),
+                "session": request.get(SESSION),
+                "model": request.get(MODEL),
+            }
+            fields.update(request.get(LOG_FIELDS, {}))
+            access.info("request", extra={"fields": fields})

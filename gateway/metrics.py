@@ -1,0 +1,83 @@
+"""Prometheus metrics, prefix ``palimpsest_``, base units (seconds, bytes, tokens as counters).
+
+Each app has its own registry (no module globals), so tests can run several gateways in one
+process. Label values are bounded: models outside the first ``MODEL_LABEL_CAP`` seen (or the
+configured ones) are reported as ``other``; routes are the gateway's own route names.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+MODEL_LABEL_CAP = 50
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
+RATIO_BUCKETS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0)
+ROUND_BUCKETS = (0, 1, 2, 3, 4, 5, 8)
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, known_models: list[str] | None = None) -> None:
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        self._models: set[str] = set(known_models or [])
+        self._model_cap = MODEL_LABEL_CAP + len(self._models)
+        p = "palimpsest_"
+        # Requests and latency.
+        self.requests = Counter(p + "requests_total", "Requests handled.", ["route", "model", "status"], registry=r)
+        self.request_seconds = Histogram(p + "request_duration_seconds", "Wall time of a request.", ["route", "model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.upstream_seconds = Histogram(p + "upstream_duration_seconds", "Time waiting on the upstream per request.", ["route", "model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.overhead_seconds = Histogram(p + "gateway_overhead_seconds", "Request time not spent waiting on the upstream.", ["route"], buckets=OVERHEAD_BUCKETS, registry=r)
+        self.in_flight = Gauge(p + "requests_in_flight", "Requests being handled.", registry=r)
+        self.upstream_errors = Counter(p + "upstream_errors_total", "Upstream failures by kind (status code, unreachable, timeout).", ["kind"], registry=r)
+        # Tokens.
+        self.client_prompt_tokens = Counter(p + "client_prompt_tokens_total", "Prompt tokens the client sent (estimated).", ["model"], registry=r)
+        self.upstream_prompt_tokens = Counter(p + "upstream_prompt_tokens_total", "Prompt tokens sent upstream (estimated, calibrated).", ["model"], registry=r)
+        self.upstream_usage_prompt_tokens = Counter(p + "upstream_usage_prompt_tokens_total", "Prompt tokens the upstream reported in usage.", ["model"], registry=r)
+        self.upstream_usage_cached_tokens = Counter(p + "upstream_usage_cached_tokens_total", "Cached prompt tokens the upstream reported.", ["model"], registry=r)
+        self.upstream_usage_completion_tokens = Counter(p + "upstream_usage_completion_tokens_total", "Completion tokens the upstream reported.", ["model"], registry=r)
+        self.tokens_saved = Counter(p + "tokens_saved_total", "Prompt tokens not sent upstream (client minus upstream).", ["model"], registry=r)
+        self.tokens_spent_overhead = Counter(p + "overhead_tokens_total", "Tokens the gateway spent itself (summary and recall calls).", ["purpose"], registry=r)
+        # Compaction and tailoring.
+        self.compaction_replacements = Counter(p + "compaction_replacements_total", "Tool results replaced or truncated in the outgoing copy.", ["pass"], registry=r)
+        self.tailoring_drops = Counter(p + "tailoring_dropped_messages_total", "Messages dropped or truncated by tailoring.", ["kind"], registry=r)
+        self.context_rejections = Counter(p + "context_length_rejections_total", "Requests answered 400 because nothing could fit.", registry=r)
+        # Summary jobs.
+        self.summary_enqueued = Counter(p + "summary_jobs_enqueued_total", "Summary jobs enqueued.", ["mode"], registry=r)
+        self.summary_dropped = Counter(p + "summary_jobs_dropped_total", "Summary jobs dropped (queue full or duplicate).", ["reason"], registry=r)
+        self.summary_created = Counter(p + "summary_checkpoints_created_total", "Checkpoints created.", ["mode"], registry=r)
+        self.summary_errors = Counter(p + "summary_errors_total", "Summary jobs that failed.", ["reason"], registry=r)
+        self.summary_invalid = Counter(p + "summary_invalid_format_total", "Summaries rejected by validation.", registry=r)
+        self.summary_seconds = Histogram(p + "summary_duration_seconds", "Summary job wall time.", ["mode"], buckets=LATENCY_BUCKETS, registry=r)
+        self.summary_llm_seconds = Histogram(p + "summary_llm_duration_seconds", "Summary model call latency.", buckets=LATENCY_BUCKETS, registry=r)
+        self.summary_input_tokens = Counter(p + "summary_input_tokens_total", "Prompt tokens of summary calls (upstream usage).", registry=r)
+        self.summary_output_tokens = Counter(p + "summary_output_tokens_total", "Completion tokens of summary calls.", registry=r)
+        self.summary_cache_read_tokens = Counter(p + "summary_cache_read_tokens_total", "Cached prompt tokens of summary calls.", registry=r)
+        self.summary_input_events = Counter(p + "summary_input_events_total", "Events folded into summaries.", registry=r)
+        self.summary_compression = Histogram(p + "summary_compression_ratio", "Summary tokens / covered tokens.", buckets=RATIO_BUCKETS, registry=r)
+        self.summary_queue_depth = Gauge(p + "summary_queue_depth", "Summary jobs waiting.", registry=r)
+        self.sync_wait_seconds = Histogram(p + "sync_compaction_wait_seconds", "Time a request waited for sync compaction.", buckets=LATENCY_BUCKETS, registry=r)
+        # Recall.
+        self.recall_calls = Counter(p + "recall_calls_total", "Recall tool calls resolved by the gateway.", ["tool", "outcome"], registry=r)
+        self.recall_rounds = Histogram(p + "recall_rounds", "Recall rounds per turn.", buckets=ROUND_BUCKETS, registry=r)
+        self.recall_seconds = Histogram(p + "recall_duration_seconds", "Recall tool execution time.", ["tool"], buckets=LATENCY_BUCKETS, registry=r)
+        self.recall_hits = Histogram(p + "recall_search_hits", "Results returned per search.", buckets=(0, 1, 2, 3, 5, 10, 20), registry=r)
+        # Store.
+        self.store_bytes = Gauge(p + "store_bytes", "Bytes on disk by store component.", ["component"], registry=r)
+        self.store_sessions = Gauge(p + "store_sessions", "Sessions in the ledger.", registry=r)
+        self.ledger_events = Counter(p + "ledger_events_appended_total", "Events appended to the ledger.", ["kind"], registry=r)
+
+    def model_label(self, model: str | None) -> str:
+        if not model:
+            return "none"
+        if model in self._models:
+            return model
+        if len(self._models) < self._model_cap and len(model) <= 64:
+            self._models.add(model)
+            return model
+        return "other"
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,158 @@
+"""Settings: one pydantic-settings model, loaded from TOML, overridable by environment.
+
+Every key can be overridden with ``PALIMPSEST_<SECTION>__<KEY>`` (for example
+``PALIMPSEST_UPSTREAM__BASE_URL``); environment beats TOML, TOML beats the defaults below.
+Unknown keys and bad values fail at start-up with a ``ConfigError`` naming the key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from policies.policy import Policy, PolicyOverride
+
+
+class ConfigError(Exception):
+    """Start-up configuration problem; the message names the key and the bad value."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ServerSettings(_Section):
+    host: str = Field("127.0.0.1", description="Interface to listen on.")
+    port: int = Field(8787, ge=0, le=65535, description="TCP port (0 picks a free one).")
+    admin_token: SecretStr = Field(SecretStr(""), description="Bearer token for /admin; empty turns the admin API off.")
+    max_body_mb: float = Field(32.0, gt=0, description="Largest chat request body accepted (413 above).")
+    shutdown_timeout_s: float = Field(30.0, ge=0, description="How long SIGTERM waits for in-flight work.")
+
+
+class UpstreamSettings(_Section):
+    base_url: str = Field("https://api.openai.com/v1", description="OpenAI-compatible base URL, ending in /v1.")
+    api_key: SecretStr = Field(SecretStr(""), description="Key used upstream; empty forwards the client's Authorization.")
+    connect_timeout_s: float = Field(10.0, gt=0, description="TCP/TLS connect timeout (502/504 after).")
+    read_timeout_s: float = Field(600.0, gt=0, description="Longest silence between upstream bytes (504 after).")
+    max_connections: int = Field(0, ge=0, description="Upstream connection pool size; 0 = unbounded.")
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value.rstrip("/")
+
+
+class StoreSettings(_Section):
+    path: str = Field("./palimpsest-data", description="Directory of the embedded store (ledger, checkpoints, index).")
+    sync: Literal["normal", "full"] = Field(
+        "normal", description="SQLite synchronous mode: 'normal' survives a process crash, 'full' also power loss."
+    )
+
+
+class SessionSettings(_Section):
+    header: str = Field("X-Session-Id", description="Request header naming the session.")
+    fallback: Literal["fingerprint", "off"] = Field(
+        "fingerprint",
+        description="Without the header: derive the session from the first message ('fingerprint') or pass through unrecorded ('off').",
+    )
+
+
+class ModelSettings(_Section):
+    context_window: int = Field(..., gt=0, description="Context window in tokens.")
+
+
+class RecallSettings(_Section):
+    max_rounds: int = Field(3, ge=0, le=10, description="Recall tool rounds per turn before a final call without them.")
+    embeddings_url: str = Field("", description="OpenAI-compatible /v1 base for embeddings; empty = embedded WordLlama.")
+    embeddings_model: str = Field("text-embedding-3-small", description="Model name sent to embeddings_url.")
+    embeddings_api_key: SecretStr = Field(SecretStr(""), description="Key for embeddings_url.")
+    search_limit: int = Field(5, ge=1, le=20, description="Default number of search results.")
+
+
+class SummarySettings(_Section):
+    workers: int = Field(1, ge=1, le=16, description="Concurrent summary jobs (one per session at a time).")
+    queue_size: int = Field(256, ge=1, description="Pending summary jobs; more are dropped and retried on a later turn.")
+
+
+class LogSettings(_Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    json_format: bool = Field(False, alias="json", description="One JSON object per line.")
+    content: bool = Field(False, description="Log message text (off by default: never log conversations).")
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="PALIMPSEST_", env_nested_delimiter="__", extra="forbid", env_parse_none_str="null"
+    )
+
+    server: ServerSettings = ServerSettings()
+    upstream: UpstreamSettings = UpstreamSettings()
+    store: StoreSettings = StoreSettings()
+    session: SessionSettings = SessionSettings()
+    models: dict[str, ModelSettings] = Field(default_factory=dict)
+    tenants: dict[str, SecretStr] = Field(default_factory=dict, description="Named tenants: name = client API key.")
+    policy: Policy = Policy()
+    policies: list[PolicyOverride] = Field(default_factory=list)
+    summary: SummarySettings = SummarySettings()
+    recall: RecallSettings = RecallSettings()
+    log: LogSettings = LogSettings()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml_file = getattr(cls, "_toml_file", None)
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if toml_file is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
+        return tuple(sources)
+
+    def context_window(self, model: str) -> int | None:
+        found = self.models.get(model)
+        return found.context_window if found else None
+
+
+def load_settings(path: str | Path | None = None, **overrides) -> Settings:
+    """Build settings from an optional TOML file, the environment and keyword overrides."""
+    cls: type[Settings] = Settings
+    if path is not None:
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError(f"Config file '{file}' does not exist.")
+        cls = type("FileSettings", (Settings,), {"_toml_file": file})
+    try:
+        return cls(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from None
+    except ValueError as exc:  # TOML syntax errors surface as ValueError subclasses
+        raise ConfigError(f"Config file '{path}' is not valid TOML: {exc}") from None
+
+
+def _describe(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(part) for part in err["loc"]) or "(root)"
+        if err["type"] == "extra_forbidden":
+            lines.append(f"Config key '{key}' is not a known setting.")
+        else:
+            value = err.get("input")
+            shown = "<secret>" if any(s in key for s in ("key", "token", "tenants")) else repr(value)
+            lines.append(f"Config '{key}' has value {shown}: {err['msg']}.")
+    return "\n".join(lines)

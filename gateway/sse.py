@@ -1,0 +1,98 @@
+"""Server-sent events as the OpenAI API speaks them, and assembly of a streamed answer.
+
+The decoder follows the SSE spec closely enough for OpenAI-compatible servers: events are
+separated by a blank line (LF or CRLF), ``data:`` lines of one event are joined with newlines,
+comments and other fields are ignored. The assembler rebuilds the assistant message from the
+deltas (content, tool calls merged by index) so the gateway can record it in the ledger.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+
+class SSEDecoder:
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, chunk: bytes) -> list[str]:
+        """Bytes in, complete events' data out (as text, e.g. '{...}' or '[DONE]')."""
+        self._buffer += chunk
+        out: list[str] = []
+        while True:
+            cut, sep = _find_event_end(self._buffer)
+            if cut < 0:
+                return out
+            raw, self._buffer = self._buffer[:cut], self._buffer[cut + sep :]
+            data = [line[5:].lstrip(b" ") if line.startswith(b"data:") else None for line in raw.splitlines()]
+            lines = [d for d in data if d is not None]
+            if lines:
+                out.append(b"\n".join(lines).decode("utf-8", "replace"))
+
+
+def _find_event_end(buffer: bytes) -> tuple[int, int]:
+    best, size = -1, 0
+    for sep in (b"\n\n", b"\r\n\r\n", b"\r\r"):
+        i = buffer.find(sep)
+        if i >= 0 and (best < 0 or i < best):
+            best, size = i, len(sep)
+    return best, size
+
+
+def encode_event(payload: dict | str) -> bytes:
+    data = payload if isinstance(payload, str) else orjson.dumps(payload).decode()
+    return b"data: " + data.encode() + b"\n\n"
+
+
+class StreamAssembler:
+    """Rebuilds choice 0's message, the finish reason and usage from chat.completion.chunk events."""
+
+    def __init__(self) -> None:
+        self.id: str | None = None
+        self.model: str | None = None
+        self.created: int | None = None
+        self.role = "assistant"
+        self.content: list[str] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+        self.usage: dict | None = None
+        self.done = False
+
+    def add(self, chunk: dict) -> None:
+        self.id = self.id or chunk.get("id")
+        self.model = self.model or chunk.get("model")
+        self.created = self.created or chunk.get("created")
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            if delta.get("role"):
+                self.role = delta["role"]
+            if delta.get("content"):
+                self.content.append(delta["content"])
+            for call in delta.get("tool_calls") or ():
+                self.add_tool_call_delta(call)
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+
+    def add_tool_call_delta(self, call: dict) -> None:
+        slot = self.tool_calls.setdefault(call.get("index", 0), {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+        if call.get("id"):
+            slot["id"] = call["id"]
+        if call.get("type"):
+            slot["type"] = call["type"]
+        fn = call.get("function") or {}
+        if fn.get("name"):
+            slot["function"]["name"] += fn["name"]
+        if fn.get("arguments"):
+            slot["function"]["arguments"] += fn["arguments"]
+
+    def message(self) -> dict:
+        msg: dict[str, Any] = {"role": self.role, "content": "".join(self.content) or None}
+        if self.tool_calls:
+            msg["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+        return msg
