@@ -1,0 +1,139 @@
+"""The ledger as clients see it: idempotent resends, forks, SDK round trips, concurrency,
+restarts and tenant isolation — all through real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+
+import openai
+
+from gateway.state import LEDGER
+from store.canonical import path_ids
+
+
+def client(gw, key="sk-tenant-a", session="s1"):
+    headers = {"X-Session-Id": session} if session else {}
+    return openai.AsyncOpenAI(base_url=gw.base_url, api_key=key, default_headers=headers, max_retries=0)
+
+
+def session_events(gw, session_id, tenant_filter=None):
+    ledger = gw.app[LEDGER]
+    records = [r for r in ledger.sessions() if r.session_id == session_id and (tenant_filter is None or r.tenant == tenant_filter)]
+    assert len(records) == 1, records
+    return ledger, records[0], ledger.since(records[0].key, -1)
+
+
+async def test_conversation_recorded_and_resend_is_idempotent(gateway):
+    c = client(gateway)
+    history = [{"role": "system", "content": "sys"}, {"role": "user", "content": "first question"}]
+    r1 = await c.chat.completions.create(model="m", messages=history)
+    # The SDK's message object goes back as history, as real agents do.
+    history += [r1.choices[0].message.model_dump(), {"role": "user", "content": "second question"}]
+    await c.chat.completions.create(model="m", messages=history)
+    await c.chat.completions.create(model="m", messages=history)  # retry of the same turn
+    ledger, record, events = session_events(gateway, "s1")
+    assert [e.role for e in events] == ["user", "assistant", "user", "assistant"]
+    assert [e.message.get("content") for e in events][:3] == ["first question", "ok: first question", "second question"]
+    # System prompts are instructions, not history.
+    assert all(e.role != "system" for e in events)
+    # The path of the resent history matches the stored events exactly.
+    assert path_ids([m for m in history if m["role"] != "system"]) == [e.id for e in events[:3]]
+
+
+async def test_sdk_round_trip_canonicalisation(gateway):
+    c = client(gateway, session="canon")
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}
+    first = [{"role": "user", "content": [{"type": "text", "text": 'find it [[call lookup {"q": 1}]]'}]}]
+    r1 = await c.chat.completions.create(model="m", messages=first, tools=[tool])
+    msg = r1.choices[0].message
+    # Everything the SDK adds (refusal None, annotations, audio...) and a string instead of parts.
+    second = [{"role": "user", "content": 'find it [[call lookup {"q": 1}]]'}, msg.model_dump(exclude_none=False),
+              {"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": "42"}]
+    await c.chat.completions.create(model="m", messages=second, tools=[tool])
+    _, _, events = session_events(gateway, "canon")
+    assert [e.role for e in events] == ["user", "assistant", "tool", "assistant"]
+
+
+async def test_edit_and_regenerate_fork_without_overwriting(gateway):
+    c = client(gateway, session="fork")
+    base = [{"role": "user", "content": "a"}]
+    r = await c.chat.completions.create(model="m", messages=base)
+    base.append(r.choices[0].message.model_dump())
+    await c.chat.completions.create(model="m", messages=base + [{"role": "user", "content": "b"}])
+    await c.chat.completions.create(model="m", messages=base + [{"role": "user", "content": "b edited"}])
+    ledger, record, events = session_events(gateway, "fork")
+    contents = [e.message.get("content") for e in events]
+    assert contents.count("a") == 1 and contents.count("ok: a") == 1  # shared prefix stored once
+    assert "b" in contents and "b edited" in contents
+    heads = ledger.heads(record.key)
+    assert len(heads) == 2
+    assert {ledger.path_to(record.key, h)[2].message["content"] for h in heads} == {"b", "b edited"}
+    shared = ledger.path_to(record.key, heads[0])[:2]
+    assert shared == ledger.path_to(record.key, heads[1])[:2]
+
+
+async def test_fifty_concurrent_requests_on_one_session(gateway):
+    c = client(gateway, session="busy")
+    prefix = [{"role": "user", "content": "shared start"}, {"role": "assistant", "content": "ok: shared start"}]
+    await asyncio.gather(*(c.chat.completions.create(model="m", messages=prefix + [{"role": "user", "content": f"q{i}"}]) for i in range(50)))
+    ledger, record, events = session_events(gateway, "busy")
+    ids = [e.id for e in events]
+    assert len(ids) == len(set(ids))
+    contents = [e.message.get("content") for e in events]
+    assert contents.count("shared start") == 1
+    assert sorted(c for c in contents if c and c.startswith("q")) == sorted(f"q{i}" for i in range(50))
+    assert sorted(c for c in contents if c and c.startswith("ok: q")) == sorted(f"ok: q{i}" for i in range(50))
+    assert [e.seq for e in events] == list(range(len(events)))
+
+
+async def test_restart_loses_nothing(start_gateway):
+    gw = await start_gateway()
+    c = client(gw, session="durable")
+    await c.chat.completions.create(model="m", messages=[{"role": "user", "content": "remember ZFA04Y"}])
+    _, _, before = session_events(gw, "durable")
+    await gw.stop()
+    gw2 = await start_gateway()
+    _, _, after = session_events(gw2, "durable")
+    assert [(e.id, e.message) for e in after] == [(e.id, e.message) for e in before]
+    await client(gw2, session="durable").chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "remember ZFA04Y"}, {"role": "assistant", "content": "ok: remember ZFA04Y"}, {"role": "user", "content": "next"}]
+    )
+    _, _, grown = session_events(gw2, "durable")
+    assert [e.role for e in grown] == ["user", "assistant", "user", "assistant"]
+
+
+async def test_tenants_are_isolated_and_credentials_not_stored(gateway, tmp_path):
+    await client(gateway, key="sk-alice-secret-1", session="same").chat.completions.create(model="m", messages=[{"role": "user", "content": "alice"}])
+    await client(gateway, key="sk-bob-secret-2", session="same").chat.completions.create(model="m", messages=[{"role": "user", "content": "bob"}])
+    ledger = gateway.app[LEDGER]
+    records = [r for r in ledger.sessions() if r.session_id == "same"]
+    assert len(records) == 2 and records[0].tenant != records[1].tenant
+    for r in records:
+        texts = [e.message.get("content") for e in ledger.since(r.key, -1)]
+        assert texts in (["alice", "ok: alice"], ["bob", "ok: bob"])
+    blob = b"".join(p.read_bytes() for p in (tmp_path / "data").rglob("*") if p.is_file())
+    assert b"sk-alice-secret-1" not in blob and b"sk-bob-secret-2" not in blob
+
+
+async def test_named_tenant_from_config(start_gateway):
+    gw = await start_gateway(tenants={"acme": "sk-acme-key"})
+    await client(gw, key="sk-acme-key", session="t").chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    assert [r.tenant for r in gw.app[LEDGER].sessions()] == ["acme"]
+
+
+async def test_fingerprint_fallback_and_off(start_gateway, upstream):
+    gw = await start_gateway()
+    c = client(gw, session=None)
+    history = [{"role": "user", "content": "no header here"}]
+    r = await c.chat.completions.create(model="m", messages=history)
+    history += [r.choices[0].message.model_dump(), {"role": "user", "content": "more"}]
+    await c.chat.completions.create(model="m", messages=history)
+    sessions = gw.app[LEDGER].sessions()
+    assert len(sessions) == 1 and sessions[0].session_id.startswith("fp:")
+    assert sessions[0].events == 4
+    await gw.stop()
+
+    off = await start_gateway(session={"fallback": "off"}, store={"path": str(gw.settings.store.path) + "-off"})
+    await client(off, session=None).chat.completions.create(model="m", messages=[{"role": "user", "content": "pure"}])
+    assert off.app[LEDGER].sessions() == []
+    assert upstream.chat_requests()[-1]["json"]["messages"] == [{"role": "user", "content": "pure"}]
