@@ -13,8 +13,13 @@ from gateway.logs import request_log_middleware
 from gateway.metrics import Metrics
 from gateway.proxy import passthrough
 from gateway.settings import Settings
-from gateway.state import IDENTITY, LEDGER, METRICS, PIPELINE, SETTINGS, UPSTREAM
+from gateway.state import CHECKPOINTS, COUNTER, IDENTITY, LEDGER, METRICS, PIPELINE, SETTINGS, SUMMARIZER, UPSTREAM
+from gateway.summarizer import Summarizer
 from gateway.upstream import Upstream
+from gateway.views import ViewBuilder
+from gateway.windows import Windows
+from policies import Calibration, TokenCounter
+from store.checkpoints import DiskCheckpoints
 from store.ledger import Ledger
 
 
@@ -26,6 +31,7 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
     metrics = request.app[METRICS]
     ledger = request.app[LEDGER]
     metrics.store_bytes.labels("ledger").set(ledger.volume_bytes())
+    metrics.store_bytes.labels("checkpoints").set(request.app[CHECKPOINTS].volume_bytes())
     return web.Response(body=metrics.render(), headers={"Content-Type": metrics.content_type})
 
 
@@ -60,13 +66,32 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     )
     await upstream.start()
     ledger = Ledger(settings.store.path, synchronous=settings.store.sync)
+    checkpoints = DiskCheckpoints(settings.store.path, synchronous=settings.store.sync)
+    counter, calibration = TokenCounter(), Calibration()
+    metrics = app[METRICS]
+    summarizer = Summarizer(
+        upstream=upstream, checkpoints=checkpoints, counter=counter, metrics=metrics,
+        workers=settings.summary.workers, queue_size=settings.summary.queue_size,
+    )
+    await summarizer.start()
+    views = ViewBuilder(
+        settings=settings, windows=Windows({k: v.context_window for k, v in settings.models.items()}, upstream),
+        counter=counter, calibration=calibration, checkpoints=checkpoints, metrics=metrics, summarizer=summarizer,
+    )
     app[UPSTREAM] = upstream
     app[LEDGER] = ledger
+    app[CHECKPOINTS] = checkpoints
+    app[COUNTER] = counter
+    app[SUMMARIZER] = summarizer
     app[PIPELINE] = ChatPipeline(
-        settings=settings, upstream=upstream, ledger=ledger, identity=app[IDENTITY], metrics=app[METRICS]
+        settings=settings, upstream=upstream, ledger=ledger, identity=app[IDENTITY], metrics=metrics,
+        views=views, summaries=summarizer, calibration=calibration,
     )
     try:
         yield
     finally:
+        # In-flight requests are drained by the server before cleanup; then summary jobs.
+        await summarizer.close(settings.server.shutdown_timeout_s)
         await upstream.close()
+        checkpoints.close()
         ledger.close()

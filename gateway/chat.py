@@ -54,6 +54,8 @@ class Turn:
     headers: dict[str, str] = field(default_factory=dict)
     answer: dict | None = None
     usage: dict | None = None
+    auth: str | None = None  # the client's Authorization, kept in memory for summary calls
+    recall_calls: int = 0
 
 
 @dataclass(slots=True)
@@ -67,6 +69,10 @@ class View:
     upstream_tokens: int = 0
     checkpoint: str | None = None
     hidden: frozenset[str] = frozenset()
+    budget: int = 0
+    window: int = 0
+    policy: object = None
+    raw_estimate: int = 0  # uncalibrated estimate of what goes upstream (calibration input)
 
     def body(self, chat: ChatRequest) -> bytes:
         if self.messages is None:
@@ -79,7 +85,8 @@ class View:
 
 
 class ChatPipeline:
-    def __init__(self, *, settings, upstream, ledger, identity, metrics, views=None, recall=None, summaries=None) -> None:
+    def __init__(self, *, settings, upstream, ledger, identity, metrics, views=None, recall=None, summaries=None, calibration=None) -> None:
+        self.calibration = calibration
         self.settings = settings
         self.upstream = upstream
         self.ledger = ledger
@@ -109,8 +116,9 @@ class ChatPipeline:
         request[TENANT] = tenant
         if ref is not None:
             request[SESSION] = ref.key
-        view = await self.views.build(chat, ref, timing) if (self.views and ref) else View()
-        turn = Turn(chat, ref, model_label, timing, view)
+        auth = request.headers.get("Authorization")
+        view = await self.views.build(chat, ref, auth) if (self.views and ref) else View()
+        turn = Turn(chat, ref, model_label, timing, view, auth=auth)
         turn.headers["x-request-id"] = request.get(REQUEST_ID, "")
         if ref is not None:
             turn.headers["x-palimpsest-session"] = ref.key.split("/", 1)[1]
@@ -131,6 +139,10 @@ class ChatPipeline:
             return response
         finally:
             self._observe(turn, status)
+            request[LOG_FIELDS] = {
+                "tokens_client": view.client_tokens, "tokens_upstream": view.upstream_tokens,
+                "upstream_ms": round(timing.upstream * 1000, 2), "recall_calls": turn.recall_calls,
+            }
 
     # -- forwarding ------------------------------------------------------------------------
 
@@ -235,6 +247,8 @@ class ChatPipeline:
             m.upstream_prompt_tokens.labels(turn.model_label).inc(view.upstream_tokens)
             m.tokens_saved.labels(turn.model_label).inc(max(0, view.client_tokens - view.upstream_tokens))
         usage = turn.usage
+        if usage and self.calibration is not None and turn.view.raw_estimate and not turn.recall_calls:
+            self.calibration.observe(turn.chat.model, turn.view.raw_estimate, usage.get("prompt_tokens") or 0)
         if usage:
             m.upstream_usage_prompt_tokens.labels(turn.model_label).inc(usage.get("prompt_tokens") or 0)
             m.upstream_usage_completion_tokens.labels(turn.model_label).inc(usage.get("completion_tokens") or 0)

@@ -11,7 +11,10 @@ if TYPE_CHECKING:
     from gateway.identity import Identity
     from gateway.metrics import Metrics
     from gateway.settings import Settings
+    from gateway.summarizer import Summarizer
     from gateway.upstream import Upstream
+    from policies import TokenCounter
+    from store.checkpoints import DiskCheckpoints
     from store.ledger import Ledger
 
 SETTINGS: web.AppKey["Settings"] = web.AppKey("settings")
@@ -20,6 +23,9 @@ METRICS: web.AppKey["Metrics"] = web.AppKey("metrics")
 LEDGER: web.AppKey["Ledger"] = web.AppKey("ledger")
 IDENTITY: web.AppKey["Identity"] = web.AppKey("identity")
 PIPELINE: web.AppKey["ChatPipeline"] = web.AppKey("pipeline")
+CHECKPOINTS: web.AppKey["DiskCheckpoints"] = web.AppKey("checkpoints")
+COUNTER: web.AppKey["TokenCounter"] = web.AppKey("counter")
+SUMMARIZER: web.AppKey["Summarizer"] = web.AppKey("summarizer")
 
 # Per-request facts the access log reports (never message text).
 REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id", str)

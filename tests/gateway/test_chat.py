@@ -147,9 +147,11 @@ async def test_upstream_error_in_stream_mode_passes_through(gateway):
         await client(gateway).chat.completions.create(model="m", messages=[{"role": "user", "content": "[[fail 429]]"}], stream=True)
 
 
-async def test_upstream_window_rejection_passes_through(gateway):
+async def test_upstream_window_rejection_passes_through(start_gateway):
+    # The gateway is told a bigger window than the provider has, so only the provider objects.
+    gw = await start_gateway(models={"fake-8k": {"context_window": 100_000}})
     with pytest.raises(openai.BadRequestError) as info:
-        await client(gateway).chat.completions.create(model="fake-8k", messages=[{"role": "user", "content": "word " * 9000}])
+        await client(gw).chat.completions.create(model="fake-8k", messages=[{"role": "user", "content": "word " * 9000}])
     assert info.value.code == "context_length_exceeded"
 
 

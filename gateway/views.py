@@ -1,0 +1,182 @@
+"""Steps 3-5 of a request: the view the upstream receives (DESIGN §4-5).
+
+Projection from the newest checkpoint on the request's path, sync compaction when the view is
+over ``sync_compaction_ratio`` of the window (bounded by ``sync_budget_s``), tool-result
+compaction, recall tools when anything is hidden, and tailoring as the last guarantee. The
+functional work is in ``policies``; this module only gathers its inputs (ledger ids,
+checkpoints, windows, calibration) and decides when to call what.
+
+Short sessions pay nothing: below the summary trigger and without a checkpoint, the client's
+request goes upstream byte for byte.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from gateway.chat_request import ChatRequest
+from gateway.errors import ContextLengthExceeded
+from policies import (
+    ContextOverflow,
+    choose_boundary,
+    Policy,
+    compact_tool_results,
+    extract_exact_values,
+    merge_state,
+    project_view,
+    recall_note,
+    recall_tool_names,
+    recall_tools,
+    render_summary_block,
+    resolve_policy,
+    tailor,
+)
+from store.checkpoints import Checkpoint
+from store.ledger import SessionRef
+
+log = logging.getLogger("palimpsest.views")
+
+
+@dataclass(slots=True)
+class Projection:
+    messages: list[dict]
+    tools: list[dict] | None
+    recall_names: tuple[str, str] | None
+    tokens: int  # calibrated estimate of the whole prompt
+    hidden: frozenset[str]
+    checkpoint: Checkpoint | None
+    compacted: int
+    truncated: int
+    dropped: int = 0
+
+
+class ViewBuilder:
+    def __init__(self, *, settings, windows, counter, calibration, checkpoints, metrics, summarizer=None) -> None:
+        self.settings = settings
+        self.windows = windows
+        self.counter = counter
+        self.calibration = calibration
+        self.checkpoints = checkpoints
+        self.metrics = metrics
+        self.summarizer = summarizer
+
+    def policy_for(self, model: str, ref: SessionRef) -> Policy:
+        if not self.settings.policies:
+            return self.settings.policy
+        return resolve_policy(self.settings.policy, self.settings.policies, model, ref.session_id)
+
+    async def build(self, chat: ChatRequest, ref: SessionRef, auth: str | None = None):
+        from gateway.chat import View
+
+        policy = self.policy_for(chat.model, ref)
+        window = await self.windows.window(chat.model, auth)
+        budget = max(1, window - chat.max_output_tokens - policy.reserve_tokens)
+        client_tools = chat.body.get("tools")
+        tools_tokens = self.counter.count_tools(client_tools)
+        keys = [None] * len(chat.instructions) + list(chat.ids)
+        raw_estimate = self.counter.count_messages(chat.instructions + chat.history, keys) + tools_tokens
+        client_tokens = self.calibration.scale(chat.model, raw_estimate)
+        positions = {eid: i for i, eid in enumerate(chat.ids)}
+        found = self.checkpoints.newest_on_path(ref.key, positions)
+        view = View(client_tokens=client_tokens, upstream_tokens=client_tokens, budget=budget, policy=policy,
+                    window=window, raw_estimate=raw_estimate)
+        if found is None and client_tokens <= policy.summary_trigger_ratio * budget:
+            return view  # short session: untouched, forwarded byte for byte
+
+        projection = self._project(chat, policy, found)
+        if projection.tokens > policy.sync_compaction_ratio * budget and self.summarizer is not None:
+            started = time.perf_counter()
+            checkpoint = await self.summarizer.sync(ref, chat, policy, auth, deadline=started + policy.sync_budget_s)
+            self.metrics.sync_wait_seconds.observe(time.perf_counter() - started)
+            if checkpoint is not None:
+                found = self.checkpoints.newest_on_path(ref.key, positions)
+                projection = self._project(chat, policy, found)
+            if projection.tokens > policy.sync_compaction_ratio * budget:
+                # Out of time (or the summary failed): go ahead with the deterministic state
+                # of everything the summary has not covered yet; tailoring and recall do the rest.
+                projection = self._project(chat, policy, found, state_only=True)
+        projection = self._fit(chat, policy, projection, budget)
+        view.messages = projection.messages
+        view.tools = projection.tools
+        view.recall_names = projection.recall_names
+        view.upstream_tokens = projection.tokens
+        view.hidden = projection.hidden
+        view.checkpoint = projection.checkpoint.id if projection.checkpoint else None
+        view.raw_estimate = self.counter.count_messages(projection.messages) + self.counter.count_tools(projection.tools)
+        if projection.compacted or projection.truncated:
+            self.metrics.compaction_replacements.labels("placeholder").inc(projection.compacted)
+            self.metrics.compaction_replacements.labels("truncate").inc(projection.truncated)
+        return view
+
+    # -- the pure steps, wired ---------------------------------------------------------------
+
+    def _project(self, chat: ChatRequest, policy: Policy, found, *, state_only: bool = False) -> Projection:
+        checkpoint, pos = found if found else (None, -1)
+        start = pos + 1
+        tail, tail_ids = chat.history[start:], chat.ids[start:]
+        names = recall_tool_names(chat.body.get("tools")) if policy.recall else None
+        load_tool = names[1] if names else "session_load"
+        compacted, stats = compact_tool_results(tail, tail_ids, policy, self.counter, load_tool=load_tool)
+        hidden = set(chat.ids[:start])
+        hidden.update(i for i, old, new in zip(tail_ids, tail, compacted) if old is not new)
+        summary = checkpoint.summary if checkpoint else None
+        state = checkpoint.state if checkpoint else {}
+        if state_only:
+            # What a summary would cover but none does yet: its exact values ride along, so they
+            # survive the tailoring that follows.
+            end = choose_boundary(tail, self.counter, policy, keys=tail_ids) or 0
+            state = merge_state(state, extract_exact_values(tail[:end]))
+        block = render_summary_block(summary, state) if (checkpoint or state_only) else None
+        tools = chat.body.get("tools")
+        if hidden and names:
+            note = recall_note(*names)
+            block = f"{block}\n\n{note}" if block else note
+            tools = [*(tools or []), *recall_tools(*names)]
+        else:
+            names = None
+        messages = project_view(chat.instructions, compacted, block, policy.injection)
+        tokens = self.counter.count_messages(messages) + self.counter.count_tools(tools)
+        return Projection(messages, tools, names, self.calibration.scale(chat.model, tokens), frozenset(hidden),
+                          checkpoint, stats.replaced, stats.truncated)
+
+    def _fit(self, chat: ChatRequest, policy: Policy, projection: Projection, budget: int) -> Projection:
+        if projection.tokens <= budget:
+            return projection
+        factor = self.calibration.factor(chat.model)
+        raw_budget = int(budget / factor)
+        fixed = self.counter.count_tools(projection.tools)
+        try:
+            messages, stats = tailor(projection.messages, raw_budget, self.counter, fixed_tokens=fixed)
+        except ContextOverflow as exc:
+            self.metrics.context_rejections.inc()
+            needed = self.calibration.scale(chat.model, exc.needed)
+            raise ContextLengthExceeded(
+                f"This request needs at least {needed} prompt tokens after compaction, but model "
+                f"'{chat.model}' allows {budget} (window minus max_tokens and reserve). "
+                "Shorten the system prompt, tools or last message, or lower max_tokens.",
+                param="messages",
+            ) from None
+        kept = {id(m) for m in messages}
+        dropped_ids = {eid for eid, m in zip(chat.ids, chat.history) if id(m) not in kept}
+        hidden = projection.hidden | dropped_ids
+        self.metrics.tailoring_drops.labels("dropped").inc(stats.dropped_messages)
+        self.metrics.tailoring_drops.labels("truncated").inc(stats.truncated_messages)
+        if hidden and projection.recall_names is None and policy.recall:
+            # Tailoring hid history the projection did not: offer recall, and fit again with it.
+            names = recall_tool_names(chat.body.get("tools"))
+            tools = [*(projection.tools or []), *recall_tools(*names)]
+            lead = next((i for i, m in enumerate(messages) if m.get("role") not in ("system", "developer")), len(messages))
+            with_note = [*messages[:lead], {"role": "system", "content": recall_note(*names)}, *messages[lead:]]
+            try:
+                fitted, more = tailor(with_note, raw_budget, self.counter, fixed_tokens=self.counter.count_tools(tools))
+            except ContextOverflow:
+                fitted = None  # recall does not fit as well: send the tailored view without it
+            if fitted is not None:
+                return Projection(fitted, tools, names, self.calibration.scale(chat.model, more.tokens_after),
+                                  frozenset(hidden), projection.checkpoint, projection.compacted,
+                                  projection.truncated, stats.dropped_messages + more.dropped_messages)
+        return Projection(messages, projection.tools, projection.recall_names,
+                          self.calibration.scale(chat.model, stats.tokens_after), frozenset(hidden),
+                          projection.checkpoint, projection.compacted, projection.truncated, stats.dropped_messages)

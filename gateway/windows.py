@@ -1,0 +1,77 @@
+"""Context windows: configuration first, then what the upstream's /v1/models says, then a
+small table of well-known models, then a conservative default."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import orjson
+
+log = logging.getLogger("palimpsest.windows")
+
+DEFAULT_WINDOW = 16_384
+DISCOVERY_TTL_S = 600.0
+# Fields OpenAI-compatible servers use for the window (vLLM, OpenRouter, LM Studio, llama.cpp...).
+WINDOW_FIELDS = ("context_window", "context_length", "max_model_len", "max_context_length", "n_ctx", "max_input_tokens")
+KNOWN = (
+    ("gpt-4.1", 1_047_576), ("gpt-4o", 128_000), ("gpt-4-turbo", 128_000), ("gpt-5", 400_000),
+    ("o1", 200_000), ("o3", 200_000), ("o4", 200_000), ("gpt-3.5-turbo", 16_385), ("gpt-4", 8_192),
+)
+
+
+def window_from_model_entry(entry: dict) -> int | None:
+    for name in WINDOW_FIELDS:
+        value = entry.get(name)
+        if isinstance(value, int) and value > 0:
+            return value
+    meta = entry.get("meta") or entry.get("top_provider") or {}
+    if isinstance(meta, dict):
+        for name in WINDOW_FIELDS + ("n_ctx_train",):
+            value = meta.get(name)
+            if isinstance(value, int) and value > 0:
+                return value
+    return None
+
+
+class Windows:
+    def __init__(self, configured: dict[str, int], upstream) -> None:
+        self._configured = configured
+        self._upstream = upstream
+        self._discovered: dict[str, int] = {}
+        self._fetched_at = 0.0
+        self._lock = asyncio.Lock()
+
+    async def window(self, model: str, auth: str | None = None) -> int:
+        if model in self._configured:
+            return self._configured[model]
+        if model not in self._discovered and time.monotonic() - self._fetched_at > DISCOVERY_TTL_S:
+            await self._discover(auth)
+        if model in self._discovered:
+            return self._discovered[model]
+        for prefix, size in KNOWN:
+            if model.startswith(prefix):
+                return size
+        return DEFAULT_WINDOW
+
+    async def _discover(self, auth: str | None) -> None:
+        async with self._lock:
+            if time.monotonic() - self._fetched_at <= DISCOVERY_TTL_S:
+                return
+            self._fetched_at = time.monotonic()
+            key = self._upstream.api_key
+            headers = {"Authorization": f"Bearer {key}"} if key else ({"Authorization": auth} if auth else {})
+            try:
+                async with self._upstream.request(self._upstream.api, "GET", self._upstream.url("/v1/models"), headers=headers) as resp:
+                    if resp.status != 200:
+                        return
+                    data = orjson.loads(await resp.read())
+            except Exception as exc:  # discovery is best effort; the default still protects
+                log.warning("model window discovery failed: %s", type(exc).__name__)
+                return
+            for entry in data.get("data") or ():
+                if isinstance(entry, dict) and isinstance(entry.get("id"), str):
+                    size = window_from_model_entry(entry)
+                    if size:
+                        self._discovered[entry["id"]] = size

@@ -1,0 +1,92 @@
+"""Summary checkpoints (DESIGN §4): kept as versions, never overwritten.
+
+A checkpoint covers a session's path up to its boundary event. The view of a request uses the
+newest checkpoint whose boundary lies on the request's own path, so a fork picks the newest
+checkpoint of its own branch and an edit before a boundary simply falls back to an older one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import diskcache
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    id: str
+    session_key: str
+    boundary: str  # id of the last event the summary covers
+    summary: str
+    state: dict  # deterministic exact values (policies.extraction)
+    covered_tokens: int
+    covered_events: int
+    created: float
+    model: str
+    version: int
+    mode: str = "async"  # async | sync
+    previous: str | None = None
+    summary_tokens: int = 0
+    meta: dict = field(default_factory=dict)
+
+
+class CheckpointStore(Protocol):
+    def add(self, session_key: str, *, boundary: str, summary: str, state: dict, covered_tokens: int,
+            covered_events: int, model: str, mode: str, previous: str | None, summary_tokens: int) -> Checkpoint: ...
+    def list(self, session_key: str) -> list[Checkpoint]: ...
+    def newest_on_path(self, session_key: str, positions: dict[str, int]) -> tuple[Checkpoint, int] | None: ...
+
+
+class DiskCheckpoints:
+    """diskcache-backed checkpoints with an in-memory copy per session (read on every request)."""
+
+    def __init__(self, path: str | Path, *, synchronous: str = "normal") -> None:
+        root = Path(path)
+        root.mkdir(parents=True, exist_ok=True)
+        self._cache = diskcache.Cache(
+            str(root / "checkpoints"), sqlite_synchronous=2 if synchronous == "full" else 1,
+            size_limit=2**62, eviction_policy="none",
+        )
+        self._memo: dict[str, tuple[Checkpoint, ...]] = {}
+
+    def add(self, session_key: str, *, boundary: str, summary: str, state: dict, covered_tokens: int,
+            covered_events: int, model: str, mode: str, previous: str | None, summary_tokens: int,
+            meta: dict | None = None) -> Checkpoint:
+        with self._cache.transact():
+            existing = self._load(session_key)
+            version = len(existing) + 1
+            cid = "cp_" + hashlib.blake2b(f"{session_key}|{boundary}|{version}".encode(), digest_size=8).hexdigest()
+            cp = Checkpoint(cid, session_key, boundary, summary, state, covered_tokens, covered_events,
+                            time.time(), model, version, mode, previous, summary_tokens, meta or {})
+            stored = existing + (cp,)
+            self._cache[session_key] = tuple(asdict(c) for c in stored)
+        self._memo[session_key] = stored
+        return cp
+
+    def _load(self, session_key: str) -> tuple[Checkpoint, ...]:
+        raw = self._cache.get(session_key, ())
+        return tuple(Checkpoint(**c) for c in raw)
+
+    def list(self, session_key: str) -> list[Checkpoint]:
+        found = self._memo.get(session_key)
+        if found is None:
+            found = self._memo[session_key] = self._load(session_key)
+        return list(found)
+
+    def newest_on_path(self, session_key: str, positions: dict[str, int]) -> tuple[Checkpoint, int] | None:
+        """The newest checkpoint whose boundary is on the path (`positions`: event id -> index)."""
+        for cp in reversed(self.list(session_key)):
+            pos = positions.get(cp.boundary)
+            if pos is not None:
+                return cp, pos
+        return None
+
+    def volume_bytes(self) -> int:
+        return int(self._cache.volume())
+
+    def close(self) -> None:
+        self._cache.close()
