@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import AsyncIterator
 
 from aiohttp import web
@@ -13,13 +14,18 @@ from gateway.logs import request_log_middleware
 from gateway.metrics import Metrics
 from gateway.proxy import passthrough
 from gateway.settings import Settings
-from gateway.state import CHECKPOINTS, COUNTER, IDENTITY, LEDGER, METRICS, PIPELINE, SETTINGS, SUMMARIZER, UPSTREAM
+from gateway.embeddings import RemoteEmbedder
+from gateway.recall import RecallLoop
+from gateway.session_tools import Indexer, RecallTools
+from gateway.state import INDEX, INDEXER, CHECKPOINTS, COUNTER, IDENTITY, LEDGER, METRICS, PIPELINE, SETTINGS, SUMMARIZER, UPSTREAM
 from gateway.summarizer import Summarizer
 from gateway.upstream import Upstream
 from gateway.views import ViewBuilder
 from gateway.windows import Windows
 from policies import Calibration, TokenCounter
 from store.checkpoints import DiskCheckpoints
+from store.embedders import default_embedder
+from store.index import SearchIndex
 from store.ledger import Ledger
 
 
@@ -83,15 +89,34 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     app[CHECKPOINTS] = checkpoints
     app[COUNTER] = counter
     app[SUMMARIZER] = summarizer
-    app[PIPELINE] = ChatPipeline(
+    index = SearchIndex(str(Path(settings.store.path) / "index"), _embedder(settings, upstream))
+    indexer = Indexer(ledger, index)
+    pipeline = ChatPipeline(
         settings=settings, upstream=upstream, ledger=ledger, identity=app[IDENTITY], metrics=metrics,
-        views=views, summaries=summarizer, calibration=calibration,
+        views=views, summaries=summarizer, calibration=calibration, indexer=indexer,
     )
+    pipeline.recall = RecallLoop(
+        pipeline=pipeline, tools=RecallTools(ledger, indexer, metrics, settings.recall.search_limit),
+        max_rounds=settings.recall.max_rounds, metrics=metrics,
+    )
+    app[PIPELINE] = pipeline
+    app[INDEX] = index
+    app[INDEXER] = indexer
     try:
         yield
     finally:
         # In-flight requests are drained by the server before cleanup; then summary jobs.
         await summarizer.close(settings.server.shutdown_timeout_s)
+        await indexer.close()
+        index.close()
         await upstream.close()
         checkpoints.close()
         ledger.close()
+
+
+def _embedder(settings: Settings, upstream: Upstream):
+    recall = settings.recall
+    if recall.embeddings_url:
+        return RemoteEmbedder(upstream, recall.embeddings_url, recall.embeddings_model,
+                              recall.embeddings_api_key.get_secret_value(), recall.embeddings_dim)
+    return default_embedder()

@@ -56,6 +56,7 @@ class Turn:
     usage: dict | None = None
     auth: str | None = None  # the client's Authorization, kept in memory for summary calls
     recall_calls: int = 0
+    recall_rounds: int = 0
 
 
 @dataclass(slots=True)
@@ -85,8 +86,10 @@ class View:
 
 
 class ChatPipeline:
-    def __init__(self, *, settings, upstream, ledger, identity, metrics, views=None, recall=None, summaries=None, calibration=None) -> None:
+    def __init__(self, *, settings, upstream, ledger, identity, metrics, views=None, recall=None, summaries=None,
+                 calibration=None, indexer=None) -> None:
         self.calibration = calibration
+        self.indexer = indexer
         self.settings = settings
         self.upstream = upstream
         self.ledger = ledger
@@ -233,6 +236,8 @@ class ChatPipeline:
             return
         if self.summaries is not None:
             self.summaries.after_turn(turn, event)
+        if self.indexer is not None and turn.view.messages is not None:
+            self.indexer.schedule(turn.ref.key)  # sessions that hide history will search it
 
     def _observe(self, turn: Turn, status: int) -> None:
         m = self.metrics

@@ -76,6 +76,7 @@ class RecallSettings(_Section):
     embeddings_url: str = Field("", description="OpenAI-compatible /v1 base for embeddings; empty = embedded WordLlama.")
     embeddings_model: str = Field("text-embedding-3-small", description="Model name sent to embeddings_url.")
     embeddings_api_key: SecretStr = Field(SecretStr(""), description="Key for embeddings_url.")
+    embeddings_dim: int = Field(1536, gt=0, description="Vector size embeddings_url returns.")
     search_limit: int = Field(5, ge=1, le=20, description="Default number of search results.")
 
 

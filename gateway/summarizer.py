@@ -37,6 +37,7 @@ from store.checkpoints import Checkpoint
 from store.ledger import SessionRef
 
 log = logging.getLogger("palimpsest.summary")
+VALIDATED_VALUES = 12
 
 
 class SummaryFailed(Exception):
@@ -209,13 +210,17 @@ class Summarizer:
         state = merge_state(previous.state if previous else None, delta_state)
         summary = previous.summary if previous else None
         chunks = chunk_messages(delta, policy.summary_chunk_tokens, self.counter)
-        for i, chunk in enumerate(chunks):
-            chunk_state = extract_exact_values(chunk)
+        for chunk in chunks:
+            # The summary is asked to keep the chunk's own values (the structured state carries
+            # every value of the session beside it anyway), and validation checks the first few
+            # of each kind: a 60-round delta can name hundreds of paths.
+            chunk_state = extract_exact_values(chunk, cap=VALIDATED_VALUES * 4)
+            checked = {kind: values[:VALIDATED_VALUES] for kind, values in chunk_state.items()}
             if policy.summary_cache_fork and job.parent_view and len(chunks) == 1:
-                messages = render_forked_summary_request(job.parent_view, summary, state, policy)
+                messages = render_forked_summary_request(job.parent_view, summary, chunk_state, policy)
             else:
-                messages = render_summary_request(summary, state, format_transcript(chunk, policy), policy)
-            summary = await self._summarize(job, messages, chunk_state)
+                messages = render_summary_request(summary, chunk_state, format_transcript(chunk, policy), policy)
+            summary = await self._summarize(job, messages, checked)
         covered_tokens = (previous.covered_tokens if previous else 0) + sum(
             self.counter.count_message(m, k) for m, k in zip(delta, delta_ids)
         )
@@ -240,6 +245,8 @@ class Summarizer:
             if not problems:
                 return text
             self.metrics.summary_invalid.inc()
+            # Problems name sections and counts, never summary text.
+            log.warning("summary rejected", extra={"fields": {"session": job.ref.key, "problems": problems}})
         raise SummaryFailed("invalid_format")
 
     async def _call(self, job: SummaryJob, messages: list[dict]) -> str:

@@ -246,7 +246,10 @@ async def test_complete_tool_pairs_are_accepted(client):
     b'{"model": "fake-8k", "messages": [{"role": "robot", "content": "x"}]}',
     b'{"model": "fake-8k", "messages": ["hello"]}',
     b'{"model": "fake-8k", "messages": [{"role": "user", "content": 5}]}',
-], ids=["malformed", "no-model", "empty", "bad-role", "not-object", "bad-content"])
+    b'{"model": "fake-8k", "messages": [{"role": "user", "content": "x"}],'
+    b' "stream_options": {"include_usage": true}}',
+], ids=["malformed", "no-model", "empty", "bad-role", "not-object", "bad-content",
+        "stream-options-without-stream"])
 async def test_bad_bodies_get_400_with_the_envelope(puppet, body):
     async with aiohttp.ClientSession() as http:
         async with http.post(f"{puppet[1]}/chat/completions", data=body,
@@ -351,6 +354,26 @@ async def test_summary_stays_within_the_word_limit_on_a_long_transcript(client):
     text = response.choices[0].message.content
     assert len(text.split()) <= 700
     assert "build-0000" in text
+
+
+async def test_incremental_summary_keeps_listed_values_and_the_previous_goal(client):
+    previous = "## Goal\n- Ship the invoice exporter\n\n## Next step\n- write tests\n"
+    data = ("<previous_summary>\n" + previous + "</previous_summary>\n\n"
+            "<exact_values_to_keep>\n- names: Alice Smith | Bob Lee\n- numbers: 6543\n"
+            "</exact_values_to_keep>\n\n<transcript>\n"
+            "[user | event ev_1] Now add CSV output.\n"
+            "[assistant -> tool write_file({\"path\": \"src/export.py\"}) | event ev_2]\n"
+            "</transcript>")
+    response = await client.chat.completions.create(
+        model="fake-32k", messages=[{"role": "system", "content": SUMMARY_PROMPT}, user(data)],
+        extra_headers={"x-palimpsest-purpose": "summary"})
+    sections = dict(part.split("\n", 1) for part in
+                    response.choices[0].message.content.split("## ")[1:])
+    assert sections["Goal"].strip() == "- Ship the invoice exporter"
+    for value in ("Alice Smith", "Bob Lee", "6543", "src/export.py"):
+        assert value in sections["Entities and exact values"]
+    assert "write_file" in sections["Current work"]
+    assert "/transcript" not in sections["Entities and exact values"]
 
 
 # --- recall ----------------------------------------------------------------------------------

@@ -1,0 +1,454 @@
+"""Pass-through overhead: what a proxy adds on top of the upstream, side by side with peers.
+
+    python bench/overhead.py                       # direct, palimpsest, litellm, headroom
+    python bench/overhead.py --targets direct,palimpsest --n 100 --seconds 5 --json out.json
+
+Every target talks to the same SIMULATED upstream (``python -m gateway.puppet``) in its own
+process. Phase 1 sends N short, non-streaming chat requests per target, one at a time and
+interleaved round-robin (the starting target rotates every round), so machine noise hits all
+targets alike; added latency is measured per round against the direct request of that round.
+Phase 2 runs each target alone at C concurrent clients for S seconds (req/s, errors). Idle RSS
+of each proxy (its whole process tree) is read from /proc after start-up and warm-up.
+
+Peers are the LiteLLM proxy and the Headroom proxy from ``bench/peers.sh`` (virtualenvs under
+/opt/palimpsest-peers); a peer that is not installed or does not start is skipped with a note.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import secrets
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+MODEL = "gpt-bench"
+API_KEY = "sk-bench-not-a-real-key"
+ALL_TARGETS = ("direct", "palimpsest", "litellm", "headroom")
+REPO = Path(__file__).resolve().parent.parent
+START_TIMEOUT_S = 120.0
+
+
+@dataclass
+class Target:
+    name: str
+    base_url: str  # ends in /v1
+    proc: subprocess.Popen | None = None
+    api_key: str = API_KEY  # what the load generator sends as its bearer token
+    version: str = ""
+    note: str = ""
+    latencies: list[float] = field(default_factory=list)  # seconds, phase 1, by round
+    errors_seq: int = 0
+    rps: float = 0.0
+    load_ok: int = 0
+    load_errors: int = 0
+    load_p50: float = 0.0
+    rss_mb: float | None = None
+
+
+# --- processes ---------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def spawn(cmd: list[str], log_path: Path, *, env: dict[str, str] | None = None,
+          cwd: Path | None = None) -> subprocess.Popen:
+    log = log_path.open("wb")
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the process group we started for this process, then SIGKILL it if it lingers."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
+
+
+def tree_rss_mb(pid: int) -> float | None:
+    """VmRSS of pid and all its descendants (workers, reloaders), in MiB."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            stat = (entry / "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+    total_kb, stack, seen = 0, [pid], False
+    while stack:
+        current = stack.pop()
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{current}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total_kb += int(line.split()[1])
+                    seen = True
+        stack.extend(children.get(current, []))
+    return total_kb / 1024 if seen else None
+
+
+def log_tail(path: Path, lines: int = 6) -> str:
+    with contextlib.suppress(OSError):
+        text = path.read_text(errors="replace").strip().splitlines()
+        return " | ".join(line.strip() for line in text[-lines:])
+    return ""
+
+
+def venv_version(venv: Path, dist: str) -> str:
+    out = subprocess.run([str(venv / "bin" / "python"), "-c",
+                          f"import importlib.metadata as m; print(m.version({dist!r}))"],
+                         capture_output=True, text=True, check=False)
+    return out.stdout.strip()
+
+
+def start_puppet(work: Path) -> Target:
+    port = free_port()
+    proc = spawn([sys.executable, "-m", "gateway.puppet", "--port", str(port),
+                  "--keep-received", "50"], work / "puppet.log", cwd=REPO)
+    return Target("direct", f"http://127.0.0.1:{port}/v1", proc, version="puppet (simulated)")
+
+
+def start_palimpsest(work: Path, upstream: str) -> Target:
+    exe = shutil.which("palimpsest") or str(Path(sys.executable).with_name("palimpsest"))
+    target = Target("palimpsest", "", None)
+    if not Path(exe).exists():
+        target.note = "`palimpsest` not on PATH (pip install -e . first)"
+        return target
+    port = free_port()
+    config = work / "palimpsest.toml"
+    config.write_text(
+        f'[server]\nhost = "127.0.0.1"\nport = {port}\n\n'
+        f'[upstream]\nbase_url = "{upstream}"\napi_key = "{API_KEY}"\n\n'
+        f'[store]\npath = "{work / "palimpsest-store"}"\n\n'
+        '[log]\nlevel = "WARNING"\n')
+    target.base_url = f"http://127.0.0.1:{port}/v1"
+    target.proc = spawn([exe, "serve", "--config", str(config)], work / "palimpsest.log")
+    with contextlib.suppress(Exception):
+        from importlib.metadata import version
+
+        target.version = version("palimpsest")
+    return target
+
+
+def start_litellm(work: Path, upstream: str, peers: Path) -> Target:
+    venv = peers / "litellm"
+    target = Target("litellm", "")
+    if not (venv / "bin" / "litellm").exists():
+        target.note = f"not installed ({venv}; run bench/peers.sh)"
+        return target
+    port = free_port()
+    config = work / "litellm.yaml"
+    config.write_text(
+        "model_list:\n"
+        f"  - model_name: {MODEL}\n"
+        "    litellm_params:\n"
+        f"      model: openai/{MODEL}\n"
+        f"      api_base: {upstream}\n"
+        f"      api_key: {API_KEY}\n"
+        "litellm_settings:\n"
+        "  telemetry: false\n"
+        "  set_verbose: false\n")
+    # The LiteLLM proxy refuses to start without a strong master key, and then requires it.
+    target.api_key = "sk-" + secrets.token_hex(32)
+    env = {"LITELLM_MASTER_KEY": target.api_key, "LITELLM_LOG": "ERROR",
+           "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False",
+           "HOME": str(work / "home"), "DISABLE_ADMIN_UI": "True", "NO_DOCS": "True"}
+    target.base_url = f"http://127.0.0.1:{port}/v1"
+    target.proc = spawn([str(venv / "bin" / "litellm"), "--config", str(config), "--host",
+                         "127.0.0.1", "--port", str(port), "--num_workers", "1"],
+                        work / "litellm.log", env=env, cwd=work)
+    target.version = venv_version(venv, "litellm")
+    return target
+
+
+def start_headroom(work: Path, upstream: str, peers: Path) -> Target:
+    venv = peers / "headroom"
+    target = Target("headroom", "")
+    if not (venv / "bin" / "headroom").exists():
+        target.note = f"not installed ({venv}; run bench/peers.sh)"
+        return target
+    port = free_port()
+    home = work / "home"
+    home.mkdir(exist_ok=True)
+    # Headroom appends /v1/... itself, so it gets the upstream's origin. Rate limiting (60 rpm
+    # by default) and the semantic response cache would measure something else than
+    # pass-through, so both are off; its optimizer stays on, as users run it.
+    origin = upstream.removesuffix("/v1")
+    target.base_url = f"http://127.0.0.1:{port}/v1"
+    target.proc = spawn([str(venv / "bin" / "headroom"), "proxy", "--host", "127.0.0.1",
+                         "--port", str(port), "--openai-api-url", origin, "--no-rate-limit",
+                         "--no-cache", "--no-telemetry", "--no-http2"],
+                        work / "headroom.log", env={"HOME": str(home)}, cwd=work)
+    target.version = venv_version(venv, "headroom-ai")
+    return target
+
+
+# --- the workload --------------------------------------------------------------------------------
+
+
+def chat_body(i: int) -> bytes:
+    return json.dumps({
+        "model": MODEL,
+        "max_tokens": 64,
+        "messages": [
+            {"role": "system", "content": "You are a concise assistant for a logistics team."},
+            {"role": "user", "content": f"Shipment {i} left Rotterdam on Monday. Where is it now?"},
+            {"role": "assistant", "content": "It is in transit; the last scan was in Hamburg."},
+            {"role": "user", "content": f"Thanks. Draft a one-line update for ticket T-{i}."},
+        ],
+    }).encode()
+
+
+def headers(target: Target, session: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {target.api_key}", "Content-Type": "application/json",
+            "X-Session-Id": session}
+
+
+async def one_request(http: aiohttp.ClientSession, target: Target, i: int, session: str) -> float:
+    """Latency in seconds of one chat request; raises on anything but a proper completion."""
+    started = time.perf_counter()
+    async with http.post(f"{target.base_url}/chat/completions", data=chat_body(i),
+                         headers=headers(target, session)) as response:
+        payload = await response.read()
+        elapsed = time.perf_counter() - started
+    if response.status != 200:
+        raise RuntimeError(f"HTTP {response.status}: {payload[:200]!r}")
+    if not json.loads(payload)["choices"][0]["message"]["content"].startswith("ok: "):
+        raise RuntimeError(f"unexpected answer: {payload[:200]!r}")
+    return elapsed
+
+
+async def wait_ready(http: aiohttp.ClientSession, target: Target) -> str | None:
+    """None when the target answers a chat request; else why it never did."""
+    deadline, last = time.monotonic() + START_TIMEOUT_S, "no answer"
+    while time.monotonic() < deadline:
+        if target.proc is not None and target.proc.poll() is not None:
+            return f"exited with code {target.proc.returncode}"
+        try:
+            await one_request(http, target, 0, "bench-ready")
+            return None
+        except (aiohttp.ClientError, RuntimeError, KeyError, ValueError, asyncio.TimeoutError) as exc:
+            last = str(exc)[:200] or type(exc).__name__
+        await asyncio.sleep(0.5)
+    return f"not ready after {START_TIMEOUT_S:.0f}s: {last}"
+
+
+def pool(limit: int) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit, force_close=False),
+                                 timeout=aiohttp.ClientTimeout(total=60))
+
+
+async def sequential(targets: list[Target], sessions: dict[str, aiohttp.ClientSession],
+                     n: int, warmup: int) -> None:
+    for round_ in range(-warmup, n):
+        offset = round_ % len(targets)
+        for target in targets[offset:] + targets[:offset]:
+            try:
+                elapsed = await one_request(sessions[target.name], target, round_,
+                                            f"bench-seq-{round_}")
+            except (aiohttp.ClientError, RuntimeError, asyncio.TimeoutError):
+                target.errors_seq += 1
+                elapsed = float("nan")
+            if round_ >= 0:
+                target.latencies.append(elapsed)
+
+
+async def load(target: Target, concurrency: int, seconds: float) -> None:
+    latencies: list[float] = []
+    deadline = time.perf_counter() + seconds
+
+    async def client(worker: int, http: aiohttp.ClientSession) -> None:
+        i = 0
+        while time.perf_counter() < deadline:
+            i += 1
+            try:
+                latencies.append(await one_request(http, target, i, f"bench-load-{worker}-{i}"))
+            except (aiohttp.ClientError, RuntimeError, asyncio.TimeoutError):
+                target.load_errors += 1
+
+    async with pool(concurrency) as http:
+        started = time.perf_counter()
+        await asyncio.gather(*(client(w, http) for w in range(concurrency)))
+        wall = time.perf_counter() - started
+    target.load_ok = len(latencies)
+    target.rps = len(latencies) / wall
+    target.load_p50 = percentile(latencies, 50) if latencies else float("nan")
+
+
+# --- figures -----------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float:
+    data = sorted(v for v in values if v == v)
+    if not data:
+        return float("nan")
+    k = (len(data) - 1) * q / 100
+    lo, hi = int(k), min(int(k) + 1, len(data) - 1)
+    return data[lo] + (data[hi] - data[lo]) * (k - lo)
+
+
+def figures(target: Target, direct: Target) -> dict:
+    diffs = [t - d for t, d in zip(target.latencies, direct.latencies) if t == t and d == d]
+    p50, p99 = percentile(target.latencies, 50), percentile(target.latencies, 99)
+    return {
+        "target": target.name,
+        "version": target.version,
+        "p50_ms": p50 * 1e3,
+        "p99_ms": p99 * 1e3,
+        "mean_ms": statistics.fmean(v for v in target.latencies if v == v) * 1e3
+        if any(v == v for v in target.latencies) else float("nan"),
+        "added_p50_ms": percentile(diffs, 50) * 1e3,  # per-round difference vs direct
+        "added_p99_ms": percentile(diffs, 99) * 1e3,
+        "p50_minus_direct_ms": (p50 - percentile(direct.latencies, 50)) * 1e3,
+        "p99_minus_direct_ms": (p99 - percentile(direct.latencies, 99)) * 1e3,
+        "errors_sequential": target.errors_seq,
+        "rps": target.rps,
+        "load_ok": target.load_ok,
+        "load_errors": target.load_errors,
+        "load_p50_ms": target.load_p50 * 1e3,
+        "idle_rss_mb": target.rss_mb,
+    }
+
+
+def render(rows: list[dict], notes: list[str], args: argparse.Namespace) -> str:
+    def f(value, digits=2):
+        return "-" if value is None or value != value else f"{value:.{digits}f}"
+
+    head = (f"{'target':<11} {'version':<19} {'p50':>7} {'p99':>7} {'+p50':>7} {'+p99':>7} "
+            f"{'Δp50':>7} {'Δp99':>7} {'req/s':>8} {'err':>5} {'p50@C':>7} {'RSS MB':>7}")
+    lines = [f"pass-through overhead: {args.n} sequential requests per target (interleaved), "
+             f"then {args.concurrency} concurrent clients x {args.seconds:g}s per target; "
+             f"latencies in ms", head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r['target']:<11} {r['version'][:19]:<19} {f(r['p50_ms']):>7} {f(r['p99_ms']):>7} "
+            f"{f(r['added_p50_ms']):>7} {f(r['added_p99_ms']):>7} "
+            f"{f(r['p50_minus_direct_ms']):>7} {f(r['p99_minus_direct_ms']):>7} "
+            f"{f(r['rps'], 0):>8} {r['load_errors'] + r['errors_sequential']:>5} "
+            f"{f(r['load_p50_ms'], 1):>7} {f(r['idle_rss_mb'], 0):>7}")
+    lines += ["", "+p50/+p99: percentiles of the per-round latency difference vs direct; "
+              "Δp50/Δp99: difference of the percentiles; p50@C: p50 under load; "
+              "RSS: idle, whole process tree after warm-up."]
+    by_name = {r["target"]: r for r in rows}
+    if (ours := by_name.get("palimpsest")) is not None:
+        checks = [f"added p50 {f(ours['added_p50_ms'])} ms (target <= 1)",
+                  f"added p99 {f(ours['added_p99_ms'])} ms (target <= 5)",
+                  f"idle RSS {f(ours['idle_rss_mb'], 0)} MB (target <= 150)"]
+        if (peer := by_name.get("litellm")) is not None and peer["rps"]:
+            checks.append(f"throughput {ours['rps'] / peer['rps']:.1f}x LiteLLM's (target >= 3)")
+        lines.append("palimpsest: " + "; ".join(checks))
+    lines += [f"note: {note}" for note in notes]
+    return "\n".join(lines)
+
+
+# --- main --------------------------------------------------------------------------------------
+
+
+async def run(args: argparse.Namespace, work: Path) -> tuple[list[dict], list[str]]:
+    wanted = [t.strip() for t in args.targets.split(",") if t.strip()]
+    unknown = set(wanted) - set(ALL_TARGETS)
+    if unknown:
+        raise SystemExit(f"unknown targets: {', '.join(sorted(unknown))}")
+    notes: list[str] = [f"machine: {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+                        "load generator, upstream and proxies share them"]
+    direct = start_puppet(work)
+    started = [direct]
+    starters = {"palimpsest": lambda: start_palimpsest(work, direct.base_url),
+                "litellm": lambda: start_litellm(work, direct.base_url, args.peers),
+                "headroom": lambda: start_headroom(work, direct.base_url, args.peers)}
+    try:
+        async with pool(4) as probe:
+            if reason := await wait_ready(probe, direct):
+                raise SystemExit(f"puppet did not start: {reason}: {log_tail(work / 'puppet.log')}")
+            for name in wanted:
+                if name == "direct":
+                    continue
+                target = starters[name]()
+                if target.proc is None:
+                    notes.append(f"{name} skipped: {target.note}")
+                    continue
+                started.append(target)
+                if reason := await wait_ready(probe, target):
+                    notes.append(f"{name} skipped: {reason}; log: {log_tail(work / f'{name}.log')}")
+                    stop(target.proc)
+                    started.remove(target)
+        targets = started
+        sessions = {t.name: pool(4) for t in targets}
+        try:
+            await sequential(targets, sessions, n=args.n, warmup=args.warmup)
+        finally:
+            for http in sessions.values():
+                await http.close()
+        await asyncio.sleep(1.0)  # let post-response work settle before reading idle RSS
+        for target in targets:
+            target.rss_mb = tree_rss_mb(target.proc.pid) if target.proc else None
+        for target in targets:
+            await load(target, args.concurrency, args.seconds)
+        for target in targets:
+            if target.proc is not None and target.proc.poll() is not None:
+                notes.append(f"{target.name} exited during the run: {log_tail(work / f'{target.name}.log')}")
+        return [figures(t, direct) for t in targets], notes
+    finally:
+        for target in reversed(started):
+            if target.proc is not None:
+                stop(target.proc)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=300, help="sequential requests per target")
+    parser.add_argument("--warmup", type=int, default=30, help="unrecorded rounds first")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--seconds", type=float, default=10.0, help="load phase per target")
+    parser.add_argument("--targets", default=",".join(ALL_TARGETS),
+                        help=f"comma-separated subset of {','.join(ALL_TARGETS)}")
+    parser.add_argument("--peers", type=Path, default=Path(os.environ.get(
+        "PEERS_ROOT", "/opt/palimpsest-peers")), help="where bench/peers.sh installed the peers")
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the work dir with logs")
+    args = parser.parse_args(argv)
+    with contextlib.suppress(ImportError):
+        import uvloop  # a faster loop keeps the load generator out of the way
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    work = Path(tempfile.mkdtemp(prefix="palimpsest-overhead-"))
+    try:
+        rows, notes = asyncio.run(run(args, work))
+    finally:
+        if args.keep_logs:
+            print(f"logs kept in {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    print(render(rows, notes, args))
+    if args.json:
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                         "rows": rows, "notes": notes}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

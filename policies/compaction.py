@@ -1,0 +1,129 @@
+"""Tool-result compaction: old, consumed tool payloads become recoverable placeholders.
+
+Only the outgoing copy changes; the ledger keeps every byte, and each placeholder names the
+event id to pass to the load tool. Placeholders are deterministic and the compaction frontier
+moves in batches of rounds, so the prompt prefix stays byte-identical between batches and the
+provider's prompt cache keeps hitting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from policies.messages import content_text, tool_names_by_call_id, with_text
+from policies.policy import Policy
+from policies.rounds import split_rounds
+from policies.tokens import MESSAGE_OVERHEAD, TokenCounter
+
+
+@dataclass
+class CompactionStats:
+    replaced: int = 0
+    truncated: int = 0
+    tokens_before: int = 0
+    tokens_after: int = 0
+
+
+def truncate_head_tail(text: str, head_tokens: int, tail_tokens: int, counter: TokenCounter, marker: str) -> str:
+    """``text`` cut to its first ``head_tokens`` and last ``tail_tokens`` tokens around ``marker``.
+
+    ``{omitted}`` in the marker is replaced by the number of tokens cut. Text that already fits
+    is returned unchanged.
+    """
+    cut = counter.head_tail(text, head_tokens, tail_tokens)
+    if cut is None:
+        return text
+    head, tail, omitted = cut
+    return f"{head}{marker.replace('{omitted}', str(omitted))}{tail}"
+
+
+def placeholder_text(tool_name: str, tool_call_id: str, tokens: int, event_id: str, load_tool: str) -> str:
+    """The stand-in for a compacted result: enough for the model to neither redo nor guess."""
+    return (
+        f"[Tool result compacted by the gateway] The {tool_name or 'tool'} call (tool_call_id "
+        f"{tool_call_id}) succeeded and its result was already used; do not run it again. "
+        f"The original result ({tokens} tokens) is stored as event {event_id}: call {load_tool} "
+        f'with event_id "{event_id}" to read it.'
+    )
+
+
+def truncation_marker(event_id: str | None, load_tool: str) -> str:
+    if event_id is None:
+        return "\n…[{omitted} tokens of this tool result omitted]…\n"
+    return (
+        "\n…[{omitted} tokens of this tool result omitted; call "
+        f'{load_tool} with event_id "{event_id}" for the full text]…\n'
+    )
+
+
+def compaction_frontier(n_rounds: int, policy: Policy) -> int:
+    """Rounds before this index are eligible; it only moves in steps of compact_batch_rounds."""
+    unprotected = max(0, n_rounds - policy.keep_recent_rounds)
+    return unprotected // policy.compact_batch_rounds * policy.compact_batch_rounds
+
+
+def compact_tool_results(
+    messages: list[dict],
+    event_ids: list[str | None],
+    policy: Policy,
+    counter: TokenCounter,
+    load_tool: str = "session_load",
+) -> tuple[list[dict], CompactionStats]:
+    """A new list with eligible tool results compacted, and what it saved.
+
+    ``messages`` is the non-system tail after the summary boundary; ``event_ids`` runs parallel
+    to it. Tool results in rounds before the frontier are placeholdered (or truncated, or kept)
+    by their tool's rule; results without an event id are never placeholdered because nothing
+    could load them back. Any non-"keep" result larger than ``max_result_tokens`` that is not
+    placeholdered is head/tail truncated, protected rounds included.
+    """
+    if len(event_ids) != len(messages):
+        raise ValueError(f"event_ids has {len(event_ids)} entries for {len(messages)} messages.")
+    out = list(messages)
+    stats = CompactionStats()
+    counts = [counter.count_message(m, k) for m, k in zip(messages, event_ids)]
+    stats.tokens_before = stats.tokens_after = sum(counts)
+    rounds = split_rounds(messages)
+    frontier = compaction_frontier(len(rounds), policy)
+    names = tool_names_by_call_id(messages)
+    # Two thirds head, one third tail: the start of a result says what it is, the end how it ended.
+    max_head = policy.max_result_tokens * 2 // 3
+    max_tail = policy.max_result_tokens - max_head
+
+    for round_index, (start, end) in enumerate(rounds):
+        eligible = round_index < frontier
+        for i in range(start, end):
+            message = messages[i]
+            if message.get("role") != "tool":
+                continue
+            event_id, tokens = event_ids[i], counts[i]
+            call_id = str(message.get("tool_call_id") or "")
+            name = names.get(call_id, "")
+            rule = policy.tool_rule(name)
+            action = rule.action if rule else None
+            if action == "keep":
+                continue
+            new, replaced = message, False
+            if eligible and event_id is not None:
+                if action == "clean" or (action is None and tokens >= policy.compact_min_tokens):
+                    new = with_text(message, placeholder_text(name, call_id, tokens, event_id, load_tool))
+                    replaced = True
+                elif action == "truncate":
+                    new = _truncated(message, rule.head_tokens, rule.tail_tokens, event_id, load_tool, counter)
+            if new is message and tokens - MESSAGE_OVERHEAD > policy.max_result_tokens:
+                new = _truncated(message, max_head, max_tail, event_id, load_tool, counter)
+            if new is message:
+                continue
+            out[i] = new
+            stats.replaced += replaced
+            stats.truncated += not replaced
+            stats.tokens_after += counter.count_message(new) - tokens
+    return out, stats
+
+
+def _truncated(
+    message: dict, head: int, tail: int, event_id: str | None, load_tool: str, counter: TokenCounter
+) -> dict:
+    text = content_text(message.get("content"))
+    cut = truncate_head_tail(text, head, tail, counter, truncation_marker(event_id, load_tool))
+    return message if cut == text else with_text(message, cut)

@@ -1,0 +1,230 @@
+"""Policy: every knob of the context pipeline, declared once with its default and its reason.
+
+A ``Policy`` is an immutable value. Per-model or per-session variations are ``PolicyOverride``
+entries (TOML ``[[policies]]`` tables) matched by glob and applied in order by
+``resolve_policy``; nothing here reads the environment or the clock.
+"""
+
+from __future__ import annotations
+
+import re
+from fnmatch import fnmatchcase
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
+
+DEFAULT_REDACT_PATTERNS: tuple[str, ...] = (
+    # OpenAI-style secret keys (sk-..., sk-proj-...).
+    r"\bsk-[A-Za-z0-9_-]{16,}",
+    # HTTP bearer credentials pasted from curl commands or logs.
+    r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{16,}",
+    # AWS access key ids.
+    r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",
+    # GitHub and Slack tokens.
+    r"\bgh[pousr]_[A-Za-z0-9]{30,}",
+    r"\bxox[abprs]-[A-Za-z0-9-]{10,}",
+    # key=value secrets; only the value (named group "secret") is replaced so the reader
+    # still learns that a password existed.
+    r"(?i)\b(?:password|passwd|pwd|secret|api[_-]?key|access[_-]?token)\b\s*[=:]\s*(?P<secret>[^\s,;'\"]+)",
+    # PEM private key blocks, whatever the key type.
+    r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----",
+)
+
+
+class ToolRule(BaseModel):
+    """How results of one tool (matched by name glob) are compacted once consumed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    action: Literal["keep", "clean", "truncate"] = Field(
+        "truncate",
+        description="'keep': never compacted; 'clean': always replaced by a placeholder once outside "
+        "the protected rounds; 'truncate': head/tail truncated with a marker instead of a placeholder.",
+    )
+    head_tokens: int = Field(200, ge=0, description="Tokens kept from the start of a truncated result.")
+    tail_tokens: int = Field(100, ge=0, description="Tokens kept from the end of a truncated result.")
+
+
+class Policy(BaseModel):
+    """The context policy for one request (after overrides)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    keep_recent_rounds: int = Field(
+        3, ge=1, description="Newest API rounds kept raw after a summary boundary: the model needs the live exchange verbatim."
+    )
+    keep_recent_tokens: int = Field(
+        8000, ge=0, description="Cap on the raw tail's tokens; fewer rounds stay raw above it, but the last round always does."
+    )
+    summary_trigger_ratio: float = Field(
+        0.5, description="Share of the context window at which an asynchronous summary job is enqueued after the response."
+    )
+    sync_compaction_ratio: float = Field(
+        0.7, description="Share of the window above which the request waits for a summary: async would be too late."
+    )
+    reserve_tokens: int = Field(
+        1024, ge=0, description="Tokens held back from the budget to absorb estimation error against the provider's count."
+    )
+    injection: Literal["system", "user"] = Field(
+        "system", description="Where the summary block goes: appended to the first system message, or as a user turn."
+    )
+    compact_min_tokens: int = Field(
+        300, ge=0, description="Tool results smaller than this stay verbatim: a placeholder would save too little."
+    )
+    compact_batch_rounds: int = Field(
+        4,
+        ge=1,
+        description="The compaction frontier advances this many rounds at a time, so the prompt prefix "
+        "(and the provider's prompt cache) changes rarely.",
+    )
+    max_result_tokens: int = Field(
+        6000, ge=1, description="A single tool result above this, even in protected rounds, is head/tail truncated with a marker."
+    )
+    tool_rules: dict[str, ToolRule] = Field(
+        default_factory=dict, description="Per-tool compaction rules; keys are fnmatch globs on the tool name, first match wins."
+    )
+    summary_model: str | None = Field(None, description="Model that writes summaries; None uses the request's model.")
+    summary_base_url: str | None = Field(None, description="OpenAI-compatible base URL for summaries; None uses the upstream.")
+    summary_api_key: str | None = Field(
+        None, repr=False, description="Key for summary_base_url; None uses the upstream credential (kept out of repr and logs)."
+    )
+    summary_max_words: int = Field(700, ge=1, description="Word limit asked of the summary: it is re-sent on every request.")
+    summary_prompt: str | None = Field(None, description="Summary instruction with a {max_words} placeholder; None = built-in prompt.")
+    summary_chunk_tokens: int = Field(
+        12000, ge=256, description="Largest transcript delta per summary call; bigger deltas are folded in chunks."
+    )
+    summary_tool_head_chars: int = Field(600, ge=0, description="Characters of each tool result's start shown to the summarizer.")
+    summary_tool_tail_chars: int = Field(300, ge=0, description="Characters of each tool result's end shown to the summarizer.")
+    redact_patterns: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_REDACT_PATTERNS),
+        description="Regexes removed from summary input: secrets must not be copied into a long-lived summary.",
+    )
+    summary_cache_fork: bool = Field(
+        False, description="Summarize by appending one instruction to the parent prompt so the provider's prompt cache hits."
+    )
+    summary_timeout_s: float = Field(60.0, gt=0, description="Upper bound for one summary call.")
+    sync_budget_s: float = Field(
+        8.0, gt=0, description="Time a request may wait for a synchronous summary before going out tailored with the exact values."
+    )
+    summary_required_values_ratio: float = Field(
+        0.5, description="Share of extracted ids/paths/versions/emails a summary must keep verbatim to be accepted."
+    )
+    recall: bool = Field(True, description="Inject session_search/session_load when anything is hidden from the model.")
+
+    @field_validator("summary_trigger_ratio", "sync_compaction_ratio", "summary_required_values_ratio")
+    @classmethod
+    def _ratio(cls, value: float, info) -> float:
+        if not 0 < value <= 1:
+            raise ValueError(f"Policy '{info.field_name}' has value {value!r}. Must be in (0, 1].")
+        return value
+
+    @field_validator("redact_patterns")
+    @classmethod
+    def _patterns_compile(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"Policy 'redact_patterns' has value {pattern!r}. Not a valid regex: {exc}.") from None
+        return value
+
+    @field_validator("summary_prompt")
+    @classmethod
+    def _prompt_not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("Policy 'summary_prompt' has value ''. Use null for the built-in prompt.")
+        return value
+
+    @model_validator(mode="after")
+    def _sync_not_below_trigger(self) -> Policy:
+        if self.sync_compaction_ratio < self.summary_trigger_ratio:
+            raise ValueError(
+                f"Policy 'sync_compaction_ratio' has value {self.sync_compaction_ratio!r}, below "
+                f"'summary_trigger_ratio' {self.summary_trigger_ratio!r}. It must be >= the async trigger."
+            )
+        return self
+
+    def tool_rule(self, tool_name: str) -> ToolRule | None:
+        """The first rule whose glob matches ``tool_name`` (insertion order), else None."""
+        for glob, rule in self.tool_rules.items():
+            if fnmatchcase(tool_name, glob):
+                return rule
+        return None
+
+
+_MATCH_KEYS = ("model", "session")
+
+
+def _field_adapter(name: str) -> TypeAdapter:
+    info = Policy.model_fields[name]
+    return TypeAdapter(Annotated[info.annotation, info])
+
+
+class PolicyOverride(BaseModel):
+    """Field overrides applied when the request's model and/or session id match the globs.
+
+    TOML keeps the override fields flat beside the globs::
+
+        [[policies]]
+        model = "gpt-4o*"
+        session = "ci-*"
+        keep_recent_rounds = 2
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str | None = Field(None, description="fnmatch glob on the request's model; None = any model.")
+    session: str | None = Field(None, description="fnmatch glob on the session id; None = any session.")
+    policy: dict[str, Any] = Field(default_factory=dict, description="Policy fields to override.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_fields_into_policy(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        nested = data.get("policy") or {}
+        if not isinstance(nested, dict):
+            return data  # let field validation report the bad type
+        flat = {k: v for k, v in data.items() if k not in (*_MATCH_KEYS, "policy")}
+        out = {k: data[k] for k in _MATCH_KEYS if k in data}
+        out["policy"] = {**nested, **flat}
+        return out
+
+    @field_validator("policy")
+    @classmethod
+    def _known_fields_with_valid_values(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # Catch typos and bad values at start-up; cross-field checks (sync >= trigger) need
+        # the base policy and run in resolve_policy.
+        for key, item in value.items():
+            if key not in Policy.model_fields:
+                raise ValueError(f"Policy override key '{key}' is not a policy field.")
+            try:
+                _field_adapter(key).validate_python(item)
+            except Exception as exc:  # pydantic's message is precise; keep it but name the key
+                raise ValueError(f"Policy override '{key}' has value {item!r}. {exc}") from None
+        return value
+
+    def matches(self, model: str, session_id: str) -> bool:
+        """True when every glob given matches; an override with no glob never matches."""
+        if self.model is None and self.session is None:
+            return False
+        if self.model is not None and not fnmatchcase(model or "", self.model):
+            return False
+        if self.session is not None and not fnmatchcase(session_id or "", self.session):
+            return False
+        return True
+
+
+def resolve_policy(base: Policy, overrides: list[PolicyOverride], model: str, session_id: str) -> Policy:
+    """The policy for one request: ``base`` with every matching override applied in order.
+
+    Returns ``base`` itself when nothing matches, so the common path allocates nothing and
+    callers may cache by identity.
+    """
+    merged: dict[str, Any] = {}
+    for override in overrides:
+        if override.matches(model, session_id):
+            merged.update(override.policy)
+    if not merged:
+        return base
+    return Policy.model_validate(base.model_dump() | merged)

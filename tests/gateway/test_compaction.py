@@ -1,0 +1,221 @@
+"""Transparent compaction through the gateway: what the upstream receives on long sessions."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import openai
+import pytest
+
+from gateway.puppet import count_prompt
+from gateway.state import CHECKPOINTS, LEDGER, SUMMARIZER
+from gateway.workloads import TOOL_SPECS, synthetic_session
+from policies.rounds import tool_pair_problems
+from tests.support.agent import drive
+
+
+def client(gw, session="long", key="sk-a"):
+    return openai.AsyncOpenAI(base_url=gw.base_url, api_key=key, default_headers={"X-Session-Id": session}, max_retries=0)
+
+
+def assert_every_upstream_request_valid(upstream, window=32_000):
+    for req in upstream.chat_requests():
+        body = req["json"]
+        assert tool_pair_problems([m for m in body["messages"] if m["role"] not in ("system", "developer")]) == []
+        if body["model"] == "fake-32k":
+            assert count_prompt(body) + (body.get("max_tokens") or 0) <= window
+
+
+async def settle(gw):
+    """Wait for queued summary jobs (tests need determinism, not speed)."""
+    summarizer = gw.app[SUMMARIZER]
+    for _ in range(200):
+        if not summarizer._running and summarizer._queue.empty():
+            return
+        await asyncio.sleep(0.05)
+
+
+async def test_short_session_is_untouched(gateway, upstream):
+    c = client(gateway, "short")
+    raw = {"model": "fake-32k", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hello"}], "tools": TOOL_SPECS}
+    async with aiohttp.ClientSession() as s:
+        body = json.dumps(raw, separators=(",", ":")).encode()
+        async with s.post(gateway.base_url + "/chat/completions", data=body, headers={"Content-Type": "application/json", "X-Session-Id": "short"}) as r:
+            assert r.status == 200
+            assert "x-palimpsest-checkpoint" not in r.headers
+    assert upstream.chat_requests()[-1]["body"] == body
+    assert gateway.app[CHECKPOINTS].list(gateway.app[LEDGER].sessions()[0].key) == []
+    assert not any(r["headers"].get("x-palimpsest-purpose") for r in upstream.received)
+
+
+async def test_long_session_fits_window_and_saves_tokens(gateway, upstream):
+    session = synthetic_session(seed=1, rounds=30)
+    history, raw = await drive(client(gateway), session, model="fake-32k")
+    await settle(gateway)
+    assert_every_upstream_request_valid(upstream)
+    client_tokens = sum(int(r.headers["x-palimpsest-prompt-tokens-client"]) for r in raw if "x-palimpsest-prompt-tokens-client" in r.headers)
+    upstream_tokens = sum(int(r.headers["x-palimpsest-prompt-tokens-upstream"]) for r in raw if "x-palimpsest-prompt-tokens-upstream" in r.headers)
+    assert client_tokens > 0 and upstream_tokens < 0.6 * client_tokens
+    # Summaries were made and used: later requests name a checkpoint and carry its block.
+    assert any(r.headers.get("x-palimpsest-checkpoint") for r in raw[-10:])
+    summary_calls = [r for r in upstream.received if r["headers"].get("x-palimpsest-purpose") == "summary"]
+    assert summary_calls
+    last = [r for r in upstream.chat_requests() if not r["headers"].get("x-palimpsest-purpose")][-1]["json"]
+    assert "<session_summary>" in last["messages"][0]["content"]
+    # The client's own last turn always goes up verbatim.
+    assert last["messages"][-1] == history[-2] or last["messages"][-1]["content"] == history[-2]["content"]
+    # Hidden history means the recall tools are offered.
+    assert {"session_search", "session_load"} <= {t["function"]["name"] for t in last["tools"]}
+
+
+async def test_placeholders_are_stable_across_turns(start_gateway, upstream):
+    # A big window and no summaries: only tool-result compaction changes the view.
+    gw = await start_gateway(policy={"summary_trigger_ratio": 0.01, "sync_compaction_ratio": 1.0, "keep_recent_rounds": 2, "compact_batch_rounds": 3},
+                             models={"fake-128k": {"context_window": 128_000}})
+    gw.app[SUMMARIZER].after_turn = lambda *a, **k: None  # no checkpoints: isolate compaction
+    await drive(client(gw, "stable"), synthetic_session(seed=2, rounds=14), model="fake-128k")
+    sent = [r["json"]["messages"] for r in upstream.chat_requests()]
+    placeholder_by_call: dict[str, str] = {}
+    changes = 0
+    for messages in sent:
+        for m in messages:
+            if m["role"] == "tool":
+                if "[palimpsest" in m["content"] or "session_load" in m["content"]:
+                    first = placeholder_by_call.setdefault(m["tool_call_id"], m["content"])
+                    assert first == m["content"], "a compacted result changed its placeholder"
+                else:
+                    assert m["tool_call_id"] not in placeholder_by_call, "a compacted result came back raw"
+    assert placeholder_by_call
+    # Batching: most consecutive requests extend the previous prompt (a shared prefix).
+    for prev, cur in zip(sent, sent[1:]):
+        if cur[: len(prev)] != prev:
+            changes += 1
+    assert changes <= len(sent) // 3
+
+
+async def test_summary_failure_never_fails_the_request(start_gateway, upstream):
+    gw = await start_gateway(policy={"summary_base_url": "http://127.0.0.1:9/v1"})
+    history, raw = await drive(client(gw, "fail"), synthetic_session(seed=3, rounds=28), model="fake-32k")
+    await settle(gw)
+    assert all(r.status_code == 200 for r in raw)
+    assert_every_upstream_request_valid(upstream)
+    key = gw.app[LEDGER].sessions()[0].key
+    assert gw.app[CHECKPOINTS].list(key) == []
+    metrics = await _metrics(gw)
+    assert "palimpsest_summary_errors_total" in metrics
+
+
+async def test_invalid_summary_is_retried_then_previous_checkpoint_kept(start_gateway, upstream):
+    gw = await start_gateway(policy={"summary_prompt": "Write one line. {max_words}"})  # no headings: invalid
+    await drive(client(gw, "invalid"), synthetic_session(seed=4, rounds=26), model="fake-32k")
+    await settle(gw)
+    key = gw.app[LEDGER].sessions()[0].key
+    assert gw.app[CHECKPOINTS].list(key) == []
+    assert "palimpsest_summary_invalid_format_total" in await _metrics(gw)
+    assert_every_upstream_request_valid(upstream)
+
+
+async def test_sync_path_waits_for_summary_and_reprojects(start_gateway, upstream):
+    # Async jobs disabled: only the sync path can make checkpoints.
+    gw = await start_gateway(policy={"summary_trigger_ratio": 0.3, "sync_compaction_ratio": 0.3, "sync_budget_s": 30})
+    gw.app[SUMMARIZER].after_turn = lambda *a, **k: None
+    gw.app[SUMMARIZER]._call_seconds = 0.01
+    history, raw = await drive(client(gw, "sync"), synthetic_session(seed=5, rounds=30), model="fake-32k")
+    key = gw.app[LEDGER].sessions()[0].key
+    cps = gw.app[CHECKPOINTS].list(key)
+    assert cps and all(cp.mode == "sync" for cp in cps)
+    assert any(r.headers.get("x-palimpsest-checkpoint") == cps[0].id for r in raw)
+    assert_every_upstream_request_valid(upstream)
+
+
+async def test_big_arrival_goes_out_tailored_with_state_without_waiting(start_gateway, upstream):
+    gw = await start_gateway(policy={"sync_budget_s": 0.5})
+    session = synthetic_session(seed=6, rounds=40)
+    # Long user turns (pasted logs): tool-result compaction cannot help, only a summary could.
+    history = [{"role": "system", "content": session.system},
+               {"role": "user", "content": "Remember: the staging deploy id is DEP-58213."}, {"role": "assistant", "content": "noted"}]
+    for spec in session.rounds:
+        history += [{"role": "user", "content": "Here is a log:\n" + spec["output"]}, {"role": "assistant", "content": "looked at it"}]
+    history.append({"role": "user", "content": "what next?"})
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    r = await client(gw, "arrival").chat.completions.with_raw_response.create(model="fake-32k", messages=history)
+    assert loop.time() - t0 < 5
+    assert r.parse().choices[0].message.content == "ok: what next?"
+    sent = [q for q in upstream.chat_requests() if not q["headers"].get("x-palimpsest-purpose")][-1]["json"]
+    system = sent["messages"][0]["content"]
+    assert "DEP-58213" in system  # dropped by tailoring, carried by the deterministic state
+    assert not any("DEP-58213" in (m.get("content") or "") for m in sent["messages"][1:])
+    assert {"session_search", "session_load"} <= {t["function"]["name"] for t in sent["tools"]}
+    assert_every_upstream_request_valid(upstream)
+    # The summary catches up in the background.
+    await settle(gw)
+    key = gw.app[LEDGER].sessions()[0].key
+    assert gw.app[CHECKPOINTS].list(key)
+
+
+async def test_context_length_exceeded_when_nothing_fits(gateway, upstream):
+    with pytest.raises(openai.BadRequestError) as info:
+        await client(gateway, "huge").chat.completions.create(
+            model="fake-8k", messages=[{"role": "system", "content": "rule " * 9000}, {"role": "user", "content": "hi"}], max_tokens=7000
+        )
+    assert info.value.code == "context_length_exceeded"
+    assert "allows" in info.value.message
+    assert upstream.chat_requests() == []
+
+
+async def test_single_huge_message_is_truncated_with_marker(gateway, upstream):
+    r = await client(gateway, "one").chat.completions.create(model="fake-8k", messages=[{"role": "user", "content": "start " + "word " * 12000 + " end"}])
+    assert r.choices[0].message.content.startswith("ok:")
+    sent = upstream.chat_requests()[-1]["json"]["messages"][-1]["content"]
+    assert sent.startswith("start") and sent.rstrip().endswith("end") and len(sent) < 40_000
+
+
+async def test_policy_override_by_model_glob(start_gateway, upstream):
+    gw = await start_gateway(policies=[{"model": "fake-32*", "injection": "user"}])
+    await drive(client(gw, "user-mode"), synthetic_session(seed=7, rounds=28), model="fake-32k")
+    await settle(gw)
+    await drive(client(gw, "user-mode"), synthetic_session(seed=7, rounds=1), model="fake-32k", messages=None)
+    sent = [r["json"] for r in upstream.chat_requests() if not r["headers"].get("x-palimpsest-purpose")]
+    with_block = [b for b in sent if any(isinstance(m.get("content"), str) and m["content"].startswith("<session_summary>") and m["role"] == "user" for m in b["messages"])]
+    assert with_block, "user injection mode puts the summary in a user turn"
+    assert all("<session_summary>" not in (b["messages"][0].get("content") or "") for b in with_block)
+
+
+async def test_forks_choose_their_own_checkpoint(start_gateway, upstream):
+    gw = await start_gateway()
+    session = synthetic_session(seed=8, rounds=28)
+    history, _ = await drive(client(gw, "forky"), session, model="fake-32k")
+    await settle(gw)
+    key = gw.app[LEDGER].sessions()[0].key
+    cps = gw.app[CHECKPOINTS].list(key)
+    assert cps
+    # Edit an early user turn that lies before every boundary: that branch has no checkpoint.
+    edited = history[:2] + [{"role": "user", "content": "actually, do something else"}]
+    r = await client(gw, "forky").chat.completions.with_raw_response.create(model="fake-32k", messages=edited)
+    assert "x-palimpsest-checkpoint" not in r.headers
+    # Continuing the main branch uses the newest checkpoint again.
+    r = await client(gw, "forky").chat.completions.with_raw_response.create(model="fake-32k", messages=history + [{"role": "user", "content": "go on"}])
+    assert r.headers["x-palimpsest-checkpoint"] == gw.app[CHECKPOINTS].list(key)[-1].id
+
+
+async def test_one_summary_job_per_session_under_concurrency(start_gateway, upstream):
+    gw = await start_gateway()
+    session = synthetic_session(seed=9, rounds=22)
+    history, _ = await drive(client(gw, "conc"), session, model="fake-32k")
+    await settle(gw)
+    before = len([r for r in upstream.received if r["headers"].get("x-palimpsest-purpose") == "summary"])
+    upstream.state.latency_s = 0.2
+    await asyncio.gather(*(client(gw, "conc").chat.completions.create(model="fake-32k", messages=history + [{"role": "user", "content": f"q{i}"}]) for i in range(10)))
+    await settle(gw)
+    key = gw.app[LEDGER].sessions()[0].key
+    boundaries = [cp.boundary for cp in gw.app[CHECKPOINTS].list(key)]
+    assert len(boundaries) == len(set(boundaries)), "two jobs summarised the same delta"
+
+
+async def _metrics(gw) -> str:
+    async with aiohttp.ClientSession() as s:
+        async with s.get(gw.root + "/metrics") as r:
+            return await r.text()

@@ -1,0 +1,165 @@
+"""Tests for policies/compaction.py."""
+
+import pytest
+
+from policies.compaction import compact_tool_results, compaction_frontier, truncate_head_tail
+from policies.policy import Policy
+from policies.rounds import split_rounds, tool_pair_problems
+from tests.policies.conversations import agent_round, assistant, ids_for, payload, result, session, user
+
+
+def tool_indices(messages):
+    return [i for i, m in enumerate(messages) if m["role"] == "tool"]
+
+
+def test_frontier_moves_in_batches():
+    policy = Policy(keep_recent_rounds=3, compact_batch_rounds=4)
+    assert [compaction_frontier(n, policy) for n in range(3, 16)] == [0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12]
+
+
+def test_old_large_results_become_placeholders(counter):
+    msgs = session(8, result_words=600)
+    ids = ids_for(msgs)
+    policy = Policy(keep_recent_rounds=3, compact_batch_rounds=4)
+    out, stats = compact_tool_results(msgs, ids, policy, counter)
+    rounds = split_rounds(msgs)
+    eligible_end = rounds[4][0]  # frontier = floor((8-3)/4)*4 = 4
+    for i in tool_indices(msgs):
+        if i < eligible_end:
+            text = out[i]["content"]
+            assert "succeeded" in text and "do not run it again" in text
+            assert "read_file" in text and msgs[i]["tool_call_id"] in text
+            assert ids[i] in text and "session_load" in text
+            assert str(counter.count_message(msgs[i], ids[i])) in text
+            assert out[i]["tool_call_id"] == msgs[i]["tool_call_id"]
+        else:
+            assert out[i] is msgs[i]
+    assert stats.replaced == 4 and stats.truncated == 0
+    assert stats.tokens_after < stats.tokens_before
+    assert stats.tokens_after == sum(counter.count_message(m) for m in out)
+    assert tool_pair_problems(out) == []
+
+
+def test_inputs_are_not_mutated(counter):
+    msgs = session(8)
+    snapshot = [dict(m) for m in msgs]
+    out, _ = compact_tool_results(msgs, ids_for(msgs), Policy(), counter)
+    assert msgs == snapshot and out is not msgs
+
+
+def test_small_results_stay(counter):
+    msgs = session(8, result_words=30)
+    out, stats = compact_tool_results(msgs, ids_for(msgs), Policy(compact_min_tokens=300), counter)
+    assert stats.replaced == 0 and out == msgs
+
+
+def test_load_tool_name_is_used(counter):
+    msgs = session(8)
+    out, _ = compact_tool_results(msgs, ids_for(msgs), Policy(), counter, load_tool="palimpsest_session_load")
+    assert "palimpsest_session_load" in out[tool_indices(msgs)[0]]["content"]
+
+
+def test_results_without_event_id_are_not_placeholdered(counter):
+    msgs = session(8)
+    ids = [None] * len(msgs)
+    out, stats = compact_tool_results(msgs, ids, Policy(), counter)
+    assert stats.replaced == 0 and out == msgs
+
+
+def test_tool_rules(counter):
+    msgs = []
+    for r in range(8):
+        msgs += agent_round(r, tool_name="keep_me" if r == 0 else "clean_me" if r == 1 else "cut_me" if r == 2 else "other",
+                            result_words=600 if r != 1 else 20)
+    policy = Policy(tool_rules={"keep_*": {"action": "keep"}, "clean_*": {"action": "clean"},
+                                "cut_*": {"action": "truncate", "head_tokens": 20, "tail_tokens": 10}})
+    ids = ids_for(msgs)
+    out, stats = compact_tool_results(msgs, ids, policy, counter)
+    t = tool_indices(msgs)
+    assert out[t[0]] is msgs[t[0]]  # keep
+    assert "succeeded" in out[t[1]]["content"]  # clean, despite being tiny
+    cut = out[t[2]]["content"]  # truncate: head + marker + tail
+    assert cut.startswith(msgs[t[2]]["content"][:20]) and cut.endswith(msgs[t[2]]["content"][-20:])
+    assert ids[t[2]] in cut and "session_load" in cut and counter.count_text(cut) < 80
+    assert "succeeded" in out[t[3]]["content"]  # default rule
+    assert stats.replaced == 2 and stats.truncated == 1
+
+
+def test_huge_result_in_protected_round_is_truncated(counter):
+    msgs = session(2, result_words=300) + [user("go"), assistant(None, [("big", "dump", {})]),
+                                            result("big", payload(12000, seed=9))]
+    ids = ids_for(msgs)
+    policy = Policy(max_result_tokens=1000)
+    out, stats = compact_tool_results(msgs, ids, policy, counter)
+    text = out[-1]["content"]
+    assert counter.count_text(text) < 1100
+    assert ids[-1] in text and "session_load" in text and "omitted" in text
+    assert stats.truncated == 1 and stats.replaced == 0
+    assert out[:-1] == msgs[:-1]
+
+
+def test_keep_rule_wins_over_max_result(counter):
+    msgs = [user("go"), assistant(None, [("big", "dump", {})]), result("big", payload(3000))]
+    policy = Policy(max_result_tokens=500, tool_rules={"dump": {"action": "keep"}})
+    out, stats = compact_tool_results(msgs, ids_for(msgs), policy, counter)
+    assert out == msgs and stats.truncated == 0
+
+
+def test_multimodal_tool_content_is_handled(counter):
+    msgs = session(8)
+    first = tool_indices(msgs)[0]
+    msgs[first] = {**msgs[first], "content": [{"type": "text", "text": payload(600)}]}
+    out, _ = compact_tool_results(msgs, ids_for(msgs), Policy(), counter)
+    assert "succeeded" in out[first]["content"]
+
+
+def test_event_ids_must_be_parallel(counter):
+    with pytest.raises(ValueError, match="event_ids"):
+        compact_tool_results(session(2), ["a"], Policy(), counter)
+
+
+def test_growing_conversation_keeps_prefix_stable(counter):
+    """Prompt-cache stability: between frontier moves each turn only appends; compacted
+    messages never change once compacted."""
+    policy = Policy(keep_recent_rounds=3, compact_batch_rounds=4)
+    full = session(20, tools=2, result_words=500)
+    ids = ids_for(full)
+    ends = [e for _, e in split_rounds(full)]
+    previous, previous_frontier = None, None
+    compacted_once: dict[int, dict] = {}
+    frontier_moves = 0
+    for end in ends:
+        msgs = full[:end]
+        out, _ = compact_tool_results(msgs, ids[:end], policy, counter)
+        frontier = compaction_frontier(len(split_rounds(msgs)), policy)
+        if previous is not None:
+            if frontier == previous_frontier:
+                assert out[: len(previous)] == previous  # pure append
+            else:
+                frontier_moves += 1
+        for i, message in enumerate(out):
+            if message is not msgs[i]:
+                if i in compacted_once:
+                    assert message == compacted_once[i]  # byte-identical on every later turn
+                compacted_once[i] = message
+        for i in compacted_once:
+            assert i < len(out) and out[i] == compacted_once[i]  # never un-compacted
+        previous, previous_frontier = out, frontier
+    assert frontier_moves == 4  # frontier 0 -> 4 -> 8 -> 12 -> 16
+    assert len(compacted_once) == 2 * 16
+
+
+def test_truncate_head_tail(counter):
+    text = " ".join(f"token{i}" for i in range(2000))
+    out = truncate_head_tail(text, 30, 20, counter, "\n[{omitted} tokens cut]\n")
+    head, _, tail = out.partition("\n[")
+    assert text.startswith(head) and text.endswith(tail.split("]\n", 1)[1])
+    omitted = int(out.split("[")[1].split(" ")[0])
+    assert omitted == counter.count_text(text) - 50
+    assert truncate_head_tail("short text", 30, 20, counter, "[cut]") == "short text"
+
+
+def test_truncate_does_not_break_multibyte_characters(counter):
+    text = "日本語のテキスト" * 500
+    out = truncate_head_tail(text, 7, 7, counter, "[cut]")
+    assert "\ufffd" not in out and out.startswith(text[:2]) and out.endswith(text[-2:])

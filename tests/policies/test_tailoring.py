@@ -1,0 +1,142 @@
+"""Tests for policies/tailoring.py."""
+
+import pytest
+
+from policies.projection import project_view, render_summary_block
+from policies.rounds import split_rounds, tool_pair_problems
+from policies.tailoring import ContextOverflow, tailor
+from tests.policies.conversations import agent_round, assistant, payload, result, session, user
+
+SYSTEM = {"role": "system", "content": "You are a careful assistant."}
+
+
+def total(messages, counter, fixed=0):
+    return counter.count_messages(messages) + fixed
+
+
+def test_fits_unchanged(counter):
+    msgs = [SYSTEM, *session(3, result_words=50)]
+    out, stats = tailor(msgs, 100_000, counter)
+    assert out == msgs and out is not msgs
+    assert stats.dropped_rounds == 0 and stats.tokens_before == stats.tokens_after == total(msgs, counter)
+
+
+def test_drops_oldest_rounds_whole(counter):
+    conversation = session(10, tools=2, result_words=300)
+    msgs = [SYSTEM, *conversation]
+    budget = total(msgs, counter) // 2
+    out, stats = tailor(msgs, budget, counter)
+    assert out[0] == SYSTEM
+    assert total(out, counter) <= budget and stats.tokens_after == total(out, counter)
+    assert tool_pair_problems(out[1:]) == []
+    rest = out[1:]
+    assert rest == conversation[len(conversation) - len(rest):]  # a suffix: oldest went first
+    assert rest[0]["role"] == "user"
+    assert stats.dropped_rounds > 0 and stats.dropped_messages == len(conversation) - len(rest)
+    assert stats.truncated_messages == 0
+
+
+def test_fixed_tokens_count_against_budget(counter):
+    msgs = [SYSTEM, *session(6, result_words=300)]
+    budget = total(msgs, counter)
+    out_no_fixed, _ = tailor(msgs, budget, counter)
+    out_fixed, stats = tailor(msgs, budget, counter, fixed_tokens=500)
+    assert out_no_fixed == msgs and len(out_fixed) < len(msgs)
+    assert stats.tokens_after == total(out_fixed, counter) + 500 <= budget
+
+
+def test_newest_round_and_system_always_stay(counter):
+    msgs = [SYSTEM, *session(4, result_words=300), user("last question " + payload(3000))]
+    budget = total([SYSTEM, msgs[-1]], counter) // 2
+    out, stats = tailor(msgs, budget, counter)
+    assert out[0] == SYSTEM and out[-1]["role"] == "user"
+    assert "omitted" in out[-1]["content"] and out[-1]["content"].startswith("last question")
+    assert total(out, counter) <= budget and stats.truncated_messages == 1
+    assert len(out) == 2
+
+
+def test_truncates_largest_conversation_message_before_system(counter):
+    big_system = {"role": "system", "content": "rules " + payload(2000, seed=1)}
+    last = [user("q"), assistant(None, [("c", "dump", {})]), result("c", payload(4000, seed=2))]
+    msgs = [big_system, *last]
+    budget = total(msgs, counter) - 1000
+    out, stats = tailor(msgs, budget, counter)
+    assert out[0] == big_system and "omitted" in out[-1]["content"]
+    assert tool_pair_problems(out[1:]) == [] and stats.truncated_messages == 1
+
+
+def test_system_is_cut_as_last_resort(counter):
+    big_system = {"role": "system", "content": "rules " + payload(4000, seed=1)}
+    msgs = [big_system, user("short question")]
+    budget = 600
+    out, _ = tailor(msgs, budget, counter)
+    assert "omitted" in out[0]["content"] and out[1] == msgs[1]
+    assert total(out, counter) <= budget
+
+
+def test_several_messages_cut_when_one_is_not_enough(counter):
+    # An agent loop in one round: many medium results, none alone big enough to fix the excess.
+    loop = [user("fix it")]
+    for i in range(6):
+        loop += [assistant(None, [(f"c{i}", "read", {})]), result(f"c{i}", payload(900, seed=i))]
+    msgs = [SYSTEM, *loop]
+    budget = total(msgs, counter) // 2
+    out, stats = tailor(msgs, budget, counter)
+    assert total(out, counter) <= budget and stats.truncated_messages >= 2
+    assert tool_pair_problems(out[1:]) == []
+
+
+def test_overflow_raises_with_numbers(counter):
+    msgs = [SYSTEM, user("x " * 10)]
+    with pytest.raises(ContextOverflow) as info:
+        tailor(msgs, 10, counter)
+    assert info.value.budget == 10 and info.value.needed > 10
+    assert "10" in str(info.value) and str(info.value.needed) in str(info.value)
+
+
+def test_tool_call_arguments_are_never_cut(counter):
+    huge_args = {"content": payload(5000)}
+    msgs = [user("write it"), assistant(None, [("w", "write_file", huge_args)]), result("w", "ok")]
+    with pytest.raises(ContextOverflow):
+        tailor(msgs, 500, counter)
+
+
+def test_user_mode_summary_block_survives(counter):
+    tail = session(8, result_words=300)
+    block = render_summary_block("## Goal\nship it", {"ids": ["ABC-1"]})
+    msgs = project_view([SYSTEM], tail, block, "user")
+    budget = total(msgs, counter) // 3
+    out, _ = tailor(msgs, budget, counter)
+    assert out[1]["content"] == block and out[0] == SYSTEM
+    assert tool_pair_problems(out) == [] and total(out, counter) <= budget
+
+
+def test_keys_are_used_and_checked(counter):
+    msgs = [SYSTEM, *session(5, result_words=300)]
+    keys = [f"k{i}" for i in range(len(msgs))]
+    assert tailor(msgs, total(msgs, counter) // 2, counter, keys=keys)[0] == tailor(msgs, total(msgs, counter) // 2, counter)[0]
+    with pytest.raises(ValueError, match="keys"):
+        tailor(msgs, 100, counter, keys=["a"])
+
+
+def test_output_is_always_valid_for_many_budgets(counter):
+    msgs = [SYSTEM, *session(6, tools=3, result_words=200)]
+    full = total(msgs, counter)
+    for budget in range(200, full + 200, max(1, full // 40)):
+        try:
+            out, stats = tailor(msgs, budget, counter)
+        except ContextOverflow:
+            continue
+        assert tool_pair_problems(out[1:]) == [] and total(out, counter) <= budget
+        assert out[0] == SYSTEM and out[-1] == msgs[-1] or "omitted" in str(out[-1]["content"])
+        assert len(split_rounds(out[1:])) >= 1
+
+
+def test_cut_is_stable_while_the_loop_grows(counter):
+    # A huge result in the newest round: each turn adds a small message, the cut stays put.
+    base = [SYSTEM, user("go"), assistant(None, [("big", "dump", {})]), result("big", payload(20000))]
+    budget = 8000
+    first, _ = tailor(base, budget, counter)
+    grown = base + [assistant(None, [("s", "ls", {})]), result("s", "a.py b.py")]
+    second, _ = tailor(grown, budget, counter)
+    assert second[3] == first[3] and "omitted" in first[3]["content"]

@@ -1,0 +1,192 @@
+import random
+
+import pytest
+
+from store.embedders import WordLlamaEmbedder
+from store.index import IndexedEvent, SearchIndex
+
+_TOPICS = [
+    "I finally repainted the kitchen cabinets a soft sage green over the weekend.",
+    "Can you suggest a good stretching routine after a long run?",
+    "The quarterly budget review moved to Thursday afternoon.",
+    "Here is the stack trace from the failing build: KeyError in the config loader.",
+    "We are thinking about adopting a rescue greyhound this spring.",
+    "What is a quick vegetarian dinner that uses chickpeas and spinach?",
+    "The team retrospective agreed to shorten stand-ups to ten minutes.",
+    "Please summarise the article about coral reef restoration in Indonesia.",
+    "My laptop battery drains fast when the external monitor is plugged in.",
+    "I have been learning to bake sourdough but the crumb is too dense.",
+    "Tool output: 14 files changed, 212 insertions, 37 deletions.",
+    "Remind me to renew my passport before the trip to Lisbon.",
+]
+
+
+def noise(count: int, seed: int = 7, start: int = 0) -> list[IndexedEvent]:
+    rng = random.Random(seed)
+    return [
+        IndexedEvent(
+            event_id=f"e{seq}",
+            seq=seq,
+            role=rng.choice(["user", "assistant", "tool"]),
+            created=1_700_000_000.0 + seq,
+            text=" ".join(rng.sample(_TOPICS, 3)),
+        )
+        for seq in range(start, start + count)
+    ]
+
+
+def planted(events: list[IndexedEvent], seq: int, text: str) -> list[IndexedEvent]:
+    events = list(events)
+    old = events[seq]
+    events[seq] = IndexedEvent(old.event_id, old.seq, "user", old.created, text)
+    return events
+
+
+@pytest.fixture(scope="module")
+def embedder() -> WordLlamaEmbedder:
+    return WordLlamaEmbedder()
+
+
+@pytest.fixture
+async def index(tmp_path, embedder):
+    index = SearchIndex(str(tmp_path / "index"), embedder)
+    yield index
+    index.close()
+
+
+async def test_exact_keyword_fact_is_top_hit(index):
+    events = planted(noise(300), 3, "Your reservation code is ZFA04Y, keep it for check-in.")
+    await index.add("tenant:s1", events)
+
+    hits = await index.search("tenant:s1", "what was the reservation code ZFA04Y?")
+
+    assert hits[0].event_id == "e3"
+    assert "ZFA04Y" in hits[0].snippet
+    assert len(hits) == 5
+    assert [hit.score for hit in hits] == sorted((hit.score for hit in hits), reverse=True)
+
+
+async def test_paraphrased_question_found_through_vectors(index):
+    events = planted(noise(300), 42, "Note that my daughter's violin recital is on June 14.")
+    await index.add("tenant:s1", events)
+
+    hits = await index.search("tenant:s1", "when is the kid's music performance")
+
+    assert "e42" in [hit.event_id for hit in hits[:3]]
+
+
+async def test_sessions_are_isolated(index):
+    secret = IndexedEvent("a1", 0, "user", 1.0, "The vault combination is 8812-QUOKKA.")
+    await index.add("tenant-a:s", [secret])
+    await index.add("tenant-b:s", noise(5))
+
+    assert await index.search("tenant-b:s", "vault combination 8812-QUOKKA") != []
+    hits = await index.search("tenant-b:s", "vault combination 8812-QUOKKA", limit=50)
+    assert all(hit.event_id != "a1" for hit in hits)
+    assert all("QUOKKA" not in hit.snippet for hit in hits)
+    assert await index.search("tenant-c:s", "vault combination 8812-QUOKKA") == []
+    assert (await index.search("tenant-a:s", "vault combination"))[0].event_id == "a1"
+
+
+async def test_excluded_events_are_skipped_and_limit_still_filled(index):
+    events = [
+        IndexedEvent(f"g{seq}", seq, "tool", float(seq), f"gazebo inspection report number {seq}")
+        for seq in range(40)
+    ] + noise(100, start=40)
+    await index.add("s", events)
+    excluded = frozenset(f"g{seq}" for seq in range(30))
+
+    hits = await index.search("s", "gazebo inspection report", limit=8, exclude_event_ids=excluded)
+
+    assert len(hits) == 8
+    assert not {hit.event_id for hit in hits} & excluded
+    assert all(hit.event_id.startswith("g") for hit in hits)
+
+
+async def test_add_is_idempotent(index):
+    events = noise(20)
+
+    assert await index.add("s", events) == 20
+    assert await index.add("s", events) == 0
+    assert await index.add("s", events[5:10] + noise(2, start=20)) == 2
+
+    hits = await index.search("s", "sourdough crumb", limit=100)
+    assert len({hit.event_id for hit in hits}) == len(hits)
+    assert len(hits) <= 22
+
+
+async def test_indexed_seq_survives_reopening(tmp_path, embedder):
+    path = str(tmp_path / "index")
+    first = SearchIndex(path, embedder)
+    assert first.indexed_seq("s") == -1
+    await first.add("s", noise(12))
+    assert first.indexed_seq("s") == 11
+    first.close()
+
+    second = SearchIndex(path, embedder)
+    assert second.indexed_seq("s") == 11
+    assert second.indexed_seq("other") == -1
+    assert await second.add("s", noise(12)) == 0
+    assert await second.add("s", noise(3, start=12)) == 3
+    assert second.indexed_seq("s") == 14
+    second.close()
+
+
+async def test_long_event_is_chunked_and_found_by_its_end(index):
+    filler = " ".join(f"line {n}: status ok, nothing to report." for n in range(400))
+    long_text = filler + " Final verdict: the flux capacitor overheated at midnight."
+    events = noise(30) + [IndexedEvent("log", 30, "tool", 31.0, long_text)]
+
+    assert await index.add("s", events) > 31
+
+    hits = await index.search("s", "flux capacitor overheated")
+    assert hits[0].event_id == "log"
+    assert hits[0].chunk > 0
+    assert "flux capacitor" in hits[0].snippet
+    assert len(hits[0].snippet) <= 320
+
+
+async def test_search_immediately_after_add_finds_unindexed_rows(index):
+    await index.add("s", noise(300))
+    for seq in range(300, 305):  # each add is a fresh, not-yet-FTS-indexed fragment
+        await index.add("s", [IndexedEvent(f"late{seq}", seq, "user", 0.0, f"late note {seq}")])
+    await index.add("s", [IndexedEvent("new", 305, "user", 0.0, "Gate change: flight QX7719.")])
+
+    hits = await index.search("s", "QX7719")
+
+    assert hits[0].event_id == "new"
+    assert index.indexed_seq("s") == 305
+
+
+async def test_search_stays_correct_across_background_maintenance(index):
+    for seq in range(60):  # enough appends to trigger optimize() more than once
+        await index.add("s", [IndexedEvent(f"m{seq}", seq, "user", 0.0, f"memo {seq} walrus{seq}")])
+    while index._maintenance:
+        await next(iter(index._maintenance.values()))
+
+    for seq in (0, 31, 59):
+        hits = await index.search("s", f"walrus{seq}")
+        assert hits[0].event_id == f"m{seq}"
+
+
+async def test_empty_events_query_and_unknown_session(index):
+    assert await index.add("s", [IndexedEvent("blank", 0, "assistant", 0.0, "  ")]) == 0
+    assert index.indexed_seq("s") == 0
+    assert await index.search("s", "anything") == []
+    await index.add("s", noise(3, start=1))
+    assert await index.search("s", "   ") == []
+
+
+async def test_drop_session_and_reset(index):
+    await index.add("a", noise(5))
+    await index.add("b", noise(5))
+
+    await index.drop_session("a")
+    assert index.indexed_seq("a") == -1
+    assert await index.search("a", "sourdough") == []
+    assert await index.search("b", "sourdough") != []
+
+    await index.reset()
+    assert index.indexed_seq("b") == -1
+    assert await index.search("b", "sourdough") == []
+    assert await index.add("b", noise(5)) == 5
