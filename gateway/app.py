@@ -7,6 +7,7 @@ from typing import AsyncIterator
 
 from aiohttp import web
 
+from gateway.admin import setup_admin
 from gateway.chat import ChatPipeline, handle_chat
 from gateway.errors import error_middleware
 from gateway.identity import Identity
@@ -58,6 +59,7 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_get("/metrics", metrics_endpoint)
     app.router.add_post("/v1/chat/completions", handle_chat)
     app.router.add_route("*", "/v1/{tail:.*}", passthrough)
+    setup_admin(app)
     return app
 
 

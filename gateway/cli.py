@@ -22,7 +22,22 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--config", help="TOML settings file (defaults apply without it).")
     serve.add_argument("--host", help="Override server.host.")
     serve.add_argument("--port", type=int, help="Override server.port.")
+    reindex = sub.add_parser("reindex", help="Rebuild the recall search index from the ledger.")
+    reindex.add_argument("--config", help="TOML settings file.")
+    inspect = sub.add_parser("inspect", help="Show sessions, branches, checkpoints and the projected view.")
+    inspect.add_argument("--config", help="TOML settings file.")
+    inspect.add_argument("session", nargs="?", help="Session key (tenant/hash) or session id; omit to list sessions.")
+    inspect.add_argument("--tenant", help="Only this tenant's sessions.")
+    inspect.add_argument("--view", action="store_true", help="Print the exact projected view of the head.")
+    inspect.add_argument("--json", action="store_true", help="Machine-readable output.")
+    demo = sub.add_parser("demo", help="Offline demo: a simulated upstream, a long agent session, recall.")
+    demo.add_argument("--rounds", type=int, default=40, help="Rounds of the bundled agent session to replay.")
+    demo.add_argument("--keep", action="store_true", help="Keep the demo's store directory.")
     args = parser.parse_args(argv)
+    if args.command == "demo":
+        from gateway.demo import run_demo
+
+        return run_demo(args)
     try:
         settings = load_settings(args.config)
     except ConfigError as exc:
@@ -30,7 +45,52 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "serve":
         return serve_forever(settings, host=args.host, port=args.port)
+    if args.command == "reindex":
+        return asyncio.run(reindex_all(settings))
+    if args.command == "inspect":
+        from gateway.inspect_cli import run_inspect
+
+        return run_inspect(args, settings)
     return 1
+
+
+async def reindex_all(settings: Settings) -> int:
+    """Drop the search index and rebuild it from the ledger, session by session."""
+    from pathlib import Path
+
+    from gateway.session_tools import Indexer
+    from store.embedders import default_embedder
+    from store.index import SearchIndex
+    from store.ledger import Ledger
+
+    if settings.recall.embeddings_url:
+        print("palimpsest: reindex uses the configured embeddings endpoint", file=sys.stderr)
+    ledger = Ledger(settings.store.path, synchronous=settings.store.sync)
+    embedder = default_embedder()
+    if settings.recall.embeddings_url:
+        from gateway.app import _embedder
+        from gateway.upstream import Upstream
+
+        upstream = Upstream(settings.upstream.base_url, settings.upstream.api_key.get_secret_value(),
+                            connect_timeout=settings.upstream.connect_timeout_s, read_timeout=settings.upstream.read_timeout_s,
+                            max_connections=settings.upstream.max_connections)
+        await upstream.start()
+        embedder = _embedder(settings, upstream)
+    index = SearchIndex(str(Path(settings.store.path) / "index"), embedder)
+    try:
+        await index.reset()
+        indexer = Indexer(ledger, index)
+        sessions = ledger.sessions()
+        chunks = 0
+        for record in sessions:
+            chunks += await indexer.catch_up(record.key)
+        print(f"reindexed {len(sessions)} sessions, {chunks} chunks")
+    finally:
+        index.close()
+        ledger.close()
+        if settings.recall.embeddings_url:
+            await upstream.close()
+    return 0
 
 
 def serve_forever(settings: Settings, *, host: str | None = None, port: int | None = None) -> int:
