@@ -57,6 +57,7 @@ class Turn:
     auth: str | None = None  # the client's Authorization, kept in memory for summary calls
     recall_calls: int = 0
     recall_rounds: int = 0
+    recall_matches: dict[str, str] = field(default_factory=dict)  # this turn's search hits
 
 
 @dataclass(slots=True)

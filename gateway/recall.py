@@ -79,7 +79,8 @@ class RecallLoop:
         for call in recall_calls:
             kind = "search" if call_name(call) == names[0] else "load"
             content = await self.tools.run(
-                call, kind=kind, session_key=turn.ref.key, path_ids=turn.chat.ids, hidden=turn.view.hidden
+                call, kind=kind, session_key=turn.ref.key, path_ids=turn.chat.ids, hidden=turn.view.hidden,
+                matches=turn.recall_matches,
             )
             results.append({"role": "tool", "tool_call_id": call.get("id"), "content": content})
         turn.recall_calls += len(recall_calls)

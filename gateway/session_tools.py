@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from datetime import datetime, timezone
 
@@ -88,16 +89,23 @@ class RecallTools:
         self.metrics = metrics
         self.default_limit = default_limit
 
-    async def run(self, call: dict, *, kind: str, session_key: str, path_ids: list[str], hidden: frozenset[str]) -> str:
+    async def run(self, call: dict, *, kind: str, session_key: str, path_ids: list[str], hidden: frozenset[str],
+                  matches: dict[str, str] | None = None) -> str:
+        """Run one recall call. `matches` (event id -> matching snippet) carries the turn's
+        search hits to its loads, so loading a long hit opens at the part that matched."""
         started = time.perf_counter()
         try:
             args = orjson.loads(call_arguments(call) or "{}")
             if not isinstance(args, dict):
                 raise ValueError("arguments must be a JSON object")
+            if matches is None:
+                matches = {}
             if kind == "search":
                 result = await self._search(args, session_key, path_ids, hidden)
+                for hit in result.get("results", ()):
+                    matches.setdefault(hit["event_id"], hit["snippet"])
             else:
-                result = self._load(args, session_key, path_ids)
+                result = self._load(args, session_key, path_ids, matches)
             outcome = "error" if "error" in result else "ok"
         except (orjson.JSONDecodeError, ValueError, TypeError) as exc:
             result = {"error": f"invalid arguments: {exc}", "note": HISTORICAL_NOTE}
@@ -125,7 +133,7 @@ class RecallTools:
             "note": HISTORICAL_NOTE + " Call session_load with an event_id for the full text.",
         }
 
-    def _load(self, args: dict, session_key: str, path_ids: list[str]) -> dict:
+    def _load(self, args: dict, session_key: str, path_ids: list[str], matches: dict[str, str]) -> dict:
         eid = args.get("event_id")
         if not isinstance(eid, str):
             return {"error": "'event_id' must be a string", "note": HISTORICAL_NOTE}
@@ -140,6 +148,16 @@ class RecallTools:
         before, after = num("before", 0, 0, 5), num("after", 0, 0, 5)
         offset, limit = num("offset", 0, 0, 10**9), num("limit", 4000, 1, MAX_LOAD_CHARS)
         text = event_text(event)
+        opened_at_match = False
+        if "offset" not in args and len(text) > limit and eid in matches:
+            # The model searched, then loads a long hit: open the page where the hit matched
+            # (a fact in the middle of a 40 kB tool output), not at its first line.
+            # Snippets fold whitespace, so match their words across any whitespace.
+            words = matches[eid].strip("… ").split()[1:9]
+            found = re.search(r"\s+".join(map(re.escape, words)), text) if words else None
+            if found and found.start() > 0:
+                offset = max(0, found.start() - limit // 4)
+                opened_at_match = True
         page = text[offset : offset + limit]
         next_offset = offset + len(page) if offset + len(page) < len(text) else None
         out = {
@@ -147,7 +165,7 @@ class RecallTools:
                 "event_id": event.id, "role": event.role, "created": _iso(event.created), "content": page,
                 "offset": offset, "total_chars": len(text), "next_offset": next_offset,
             },
-            "note": HISTORICAL_NOTE,
+            "note": HISTORICAL_NOTE + (" This page opens where your search matched; load with offset 0 for the start." if opened_at_match else ""),
         }
         if event.role == "tool":
             out["event"]["tool_call_id"] = event.message.get("tool_call_id")

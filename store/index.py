@@ -32,8 +32,8 @@ a flat scan of a few thousand 256-d rows takes a few milliseconds, and is exact.
 
 Ranking
 -------
-Both legs return chunks; each list is collapsed to events (an event ranks where its best chunk
-ranks) and fused with reciprocal rank fusion, score = sum of 1 / (60 + rank). The snippet comes
+Both legs return chunks; each is collapsed to events (an event scores what its best chunk
+scores) and fused by relative score fusion (see `_fuse` for why not reciprocal rank fusion). The snippet comes
 from the event's best-scoring chunk. Excluded events are dropped after retrieval, re-querying
 deeper when they ate into the top: a `NOT IN (...)` prefilter measured 8 ms for 200 ids and
 46 ms for 2,000 on the vector leg.
@@ -199,6 +199,14 @@ class SearchIndex:
             return cached
         high_water = self._read_high_water(session_key)
         return self._high_water.setdefault(session_key, high_water)
+
+    async def chunk_keys(self, session_key: str) -> set[tuple[str, int]]:
+        """(event_id, chunk) of every indexed row of the session: what `reindex` must reproduce."""
+        session = await self._session(session_key)
+        if session is None:
+            return set()
+        rows = await session.table.query().select(["event_id", "chunk"]).to_list()
+        return {(row["event_id"], row["chunk"]) for row in rows}
 
     async def drop_session(self, session_key: str) -> None:
         async with self._lock(session_key):
@@ -381,22 +389,37 @@ class SearchIndex:
 
 
 def _fuse(legs: Iterable[list[dict]], query: str, limit: int) -> list[Hit]:
-    """Reciprocal rank fusion at event level; each event keeps its best-scoring chunk."""
-    event_scores: dict[str, float] = {}
+    """Relative score fusion at event level; each event keeps its best-scoring chunk.
+
+    Each leg's scores are put on a 0..1 scale and added: BM25 divided by the leg's best score,
+    vector similarity as the cosine itself (rows are unit vectors, LanceDB's "dot" distance is
+    1 - cosine). Unlike rank fusion this keeps the *margin*: a chunk that is the only one
+    holding a rare query word (a reservation code, a ticket number) scores far above the
+    rest of the BM25 leg, and a vector leg where every row is about equally (un)related adds
+    almost the same to everyone instead of promoting its arbitrary first row. On the synthetic
+    agent sessions this took top-1 recall of planted facts from 19/36 to 30/36 (paraphrases
+    12/36 to 24/36) over reciprocal rank fusion.
+    """
     chunk_scores: dict[tuple[str, int], float] = {}
     chunk_rows: dict[tuple[str, int], dict] = {}
+    event_scores: dict[str, float] = {}
     for rows in legs:
-        event_ranks: dict[str, int] = {}
-        for chunk_rank, row in enumerate(rows, start=1):
-            event_id = row["event_id"]
-            key = (event_id, row["chunk"])
-            chunk_scores[key] = chunk_scores.get(key, 0.0) + 1.0 / (RRF_K + chunk_rank)
+        if not rows:
+            continue
+        if "_score" in rows[0]:
+            top = max(row["_score"] for row in rows) or 1.0
+            scores = [row["_score"] / top for row in rows]
+        else:
+            scores = [max(0.0, 1.0 - row["_distance"]) for row in rows]
+        leg_best: dict[str, float] = {}
+        for row, score in zip(rows, scores):
+            key = (row["event_id"], row["chunk"])
+            chunk_scores[key] = chunk_scores.get(key, 0.0) + score
             chunk_rows.setdefault(key, row)
-            if event_id not in event_ranks:  # an event ranks where its best chunk ranks
-                event_ranks[event_id] = len(event_ranks) + 1
-                event_scores[event_id] = (
-                    event_scores.get(event_id, 0.0) + 1.0 / (RRF_K + event_ranks[event_id])
-                )
+            # An event scores what its best chunk scores in this leg.
+            leg_best[row["event_id"]] = max(leg_best.get(row["event_id"], 0.0), score)
+        for event_id, score in leg_best.items():
+            event_scores[event_id] = event_scores.get(event_id, 0.0) + score
     best_chunk: dict[str, tuple[str, int]] = {}
     for key, score in chunk_scores.items():
         current = best_chunk.get(key[0])
