@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -104,9 +106,11 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     app[PIPELINE] = pipeline
     app[INDEX] = index
     app[INDEXER] = indexer
+    flusher = asyncio.create_task(_flush_answers(ledger), name="ledger-flush")
     try:
         yield
     finally:
+        flusher.cancel()
         # In-flight requests are drained by the server before cleanup; then summary jobs.
         await summarizer.close(settings.server.shutdown_timeout_s)
         await indexer.close()
@@ -122,3 +126,14 @@ def _embedder(settings: Settings, upstream: Upstream):
         return RemoteEmbedder(upstream, recall.embeddings_url, recall.embeddings_model,
                               recall.embeddings_api_key.get_secret_value(), recall.embeddings_dim)
     return default_embedder()
+
+
+async def _flush_answers(ledger: Ledger, every_s: float = 0.5) -> None:
+    """Deferred answers reach the disk within `every_s` even when no request comes."""
+    log = logging.getLogger("palimpsest.ledger")
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            ledger.flush()
+        except Exception:
+            log.exception("flushing answers failed")

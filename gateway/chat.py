@@ -114,7 +114,6 @@ class ChatPipeline:
             ref = self.identity.session(request, tenant, ids[0])
             if ref is not None:
                 chat.ids = self.ledger.sync(ref, chat.history, ids).ids
-                self.ledger.note_request(ref)
         else:
             ref = self.identity.session(request, tenant, None)
         request[TENANT] = tenant
@@ -231,7 +230,7 @@ class ChatPipeline:
             return
         parent = turn.chat.ids[-1] if turn.chat.ids else None
         try:
-            event = self.ledger.append(turn.ref, parent, turn.answer)
+            event = self.ledger.append(turn.ref, parent, turn.answer, defer=True)
         except Exception:
             log.exception("recording the answer failed")
             return

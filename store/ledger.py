@@ -6,20 +6,25 @@ ones appended; an edited or regenerated turn starts a new branch, nothing is ove
 Messages the gateway makes itself (recall calls and results) are *side events* hung off the
 node where they happened: they never take part in path matching.
 
-The embedded backend is diskcache (SQLite in WAL mode under ``store.path``). Writes of one
-request happen in one transaction before the upstream call starts, so a crash loses no client
-message, and concurrent requests on one session never duplicate or lose events.
+The embedded backend is SQLite in WAL mode under ``store.path`` (``ledger.sqlite3``), used
+directly rather than through diskcache's key-value layer: the ledger needs secondary lookups
+(events in insertion order, children of a node) and one request's writes must be a handful of
+statements, not five per key (that layer cost ~4 ms of a short request). Writes of one request
+happen in one transaction before the upstream call starts, so a crash loses no client message,
+and concurrent requests on one session never duplicate or lose events (``BEGIN IMMEDIATE``
+also serialises writers across processes).
 """
 
 from __future__ import annotations
 
 import hashlib
+import sqlite3
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Protocol
 
-import diskcache
+import orjson
 
 from store.canonical import event_id, path_ids, stored_form
 
@@ -58,7 +63,6 @@ class SessionRecord:
     events: int = 0
     head: str | None = None
     requests: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,132 +84,218 @@ class LedgerStore(Protocol):
     def close(self) -> None: ...
 
 
-def _ekey(sk: str, eid: str) -> str:
-    return f"e|{sk}|{eid}"
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS events (
+    session_key TEXT NOT NULL,
+    id          TEXT NOT NULL,
+    parent      TEXT,
+    seq         INTEGER NOT NULL,
+    role        TEXT NOT NULL,
+    kind        TEXT NOT NULL,
+    created     REAL NOT NULL,
+    message     BLOB NOT NULL,
+    PRIMARY KEY (session_key, id)
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX IF NOT EXISTS events_by_seq ON events (session_key, seq);
+CREATE INDEX IF NOT EXISTS events_by_parent ON events (session_key, parent, kind);
+CREATE TABLE IF NOT EXISTS sessions (
+    key        TEXT PRIMARY KEY,
+    tenant     TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    created    REAL NOT NULL,
+    updated    REAL NOT NULL,
+    events     INTEGER NOT NULL DEFAULT 0,
+    head       TEXT,
+    requests   INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS sessions_by_tenant ON sessions (tenant, updated);
+"""
+_EVENT_COLUMNS = "id, parent, seq, role, message, created, kind"
+
+
+def _event(row) -> Event:
+    return Event(row[0], row[1], row[2], row[3], orjson.loads(row[4]), row[5], row[6])
+
+
+def _session(row) -> SessionRecord:
+    return SessionRecord(*row)
 
 
 class Ledger:
-    """diskcache-backed ledger. Synchronous calls: each is short and runs one transaction."""
+    """SQLite-backed ledger. Synchronous calls: each is short and runs one transaction."""
 
     def __init__(self, path: str | Path, *, synchronous: str = "normal") -> None:
         root = Path(path)
         root.mkdir(parents=True, exist_ok=True)
-        level = 2 if synchronous == "full" else 1
-        self._events = diskcache.Cache(str(root / "ledger"), sqlite_synchronous=level, size_limit=2**62, eviction_policy="none")
-        self._sessions = diskcache.Cache(str(root / "sessions"), sqlite_synchronous=level, size_limit=2**62, eviction_policy="none")
+        # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT).
+        self._db = sqlite3.connect(str(root / "ledger.sqlite3"), isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(f"PRAGMA synchronous={'FULL' if synchronous == 'full' else 'NORMAL'}")
+        self._db.execute("PRAGMA busy_timeout=10000")
+        self._db.executescript(_SCHEMA)
+        # Upstream answers waiting to be written: (ref, parent, message). See `append`.
+        self._pending: list[tuple[SessionRef, str | None, dict]] = []
 
     # -- writing ---------------------------------------------------------------------------
 
     def sync(self, ref: SessionRef, messages: list[dict], ids: list[str] | None = None) -> PathSync:
         """Map non-system messages to their path of ids, appending the ones not yet known.
 
-        `ids` may be passed when the caller already hashed the messages (``path_ids``)."""
+        `ids` may be passed when the caller already hashed the messages (``path_ids``).
+        Also counts the request on the session."""
         sk = ref.key
         if ids is None:
             ids = path_ids(messages)
-        if not ids or _ekey(sk, ids[-1]) in self._events:
+        db = self._db
+        if not ids or (not self._pending and self._known(sk, ids[-1])):
+            db.execute("UPDATE sessions SET requests = requests + 1 WHERE key = ?", (sk,))
             return PathSync(ids, 0)
+        if self._pending:
+            with self._transaction():
+                self._write_pending()
+            if self._known(sk, ids[-1]):
+                db.execute("UPDATE sessions SET requests = requests + 1 WHERE key = ?", (sk,))
+                return PathSync(ids, 0)
         # Walk back to the newest known event: usually only the last turn or two are new.
         first_new = len(ids) - 1
-        while first_new > 0 and _ekey(sk, ids[first_new - 1]) not in self._events:
+        while first_new > 0 and not self._known(sk, ids[first_new - 1]):
             first_new -= 1
-        with self._events.transact(), self._sessions.transact():
-            record = self._record(ref)
-            added = 0
+        with self._transaction():
+            self._write_pending()  # the previous turns' answers share this commit
+            seq, _ = self._open_session(ref)
+            now = time.time()
+            rows = []
             for i in range(first_new, len(ids)):
-                if self._put(record, ids[i - 1] if i else None, ids[i], messages[i], "message"):
-                    added += 1
-            record.head = ids[-1]
-            self._sessions[sk] = record
-        return PathSync(ids, added)
+                if i > first_new or not self._known(sk, ids[i]):  # re-check: another writer may have won
+                    rows.append(self._row(sk, ids[i - 1] if i else None, ids[i], seq + len(rows), messages[i], "message", now))
+            db.executemany("INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            db.execute(
+                "UPDATE sessions SET events = events + ?, head = ?, updated = ?, requests = requests + 1 WHERE key = ?",
+                (len(rows), ids[-1], now, sk),
+            )
+        return PathSync(ids, len(rows))
 
-    def append(self, ref: SessionRef, parent: str | None, message: dict) -> Event:
-        """Record one message (the upstream's answer) as the child of `parent`."""
+    def append(self, ref: SessionRef, parent: str | None, message: dict, *, defer: bool = False) -> Event:
+        """Record one message (the upstream's answer) as the child of `parent`.
+
+        With `defer`, the write joins the next transaction (the next request's sync, a read,
+        or `flush`) instead of paying a commit of its own on the request path. An answer is
+        the one message that may wait: the client holds it and resends it next turn, and its
+        content address makes the resend land on the same event."""
         eid = event_id(parent, message)
-        with self._events.transact(), self._sessions.transact():
-            record = self._record(ref)
-            self._put(record, parent, eid, message, "message")
-            record.head = eid
-            self._sessions[ref.key] = record
+        if defer:
+            self._pending.append((ref, parent, message))
+            return Event(eid, parent, -1, str(message.get("role")), stored_form(message), time.time())
+        with self._transaction():
+            self._write_pending()
+            self._insert_one(ref, parent, eid, message)
         return self.get(ref.key, eid)  # type: ignore[return-value]
+
+    def flush(self) -> None:
+        """Write deferred answers now."""
+        if self._pending:
+            with self._transaction():
+                self._write_pending()
+
+    def _write_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        for ref, parent, message in pending:
+            self._insert_one(ref, parent, event_id(parent, message), message)
+
+    def _insert_one(self, ref: SessionRef, parent: str | None, eid: str, message: dict) -> None:
+        if self._known(ref.key, eid):
+            return
+        seq, _ = self._open_session(ref)
+        now = time.time()
+        self._db.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", self._row(ref.key, parent, eid, seq, message, "message", now))
+        self._db.execute("UPDATE sessions SET events = events + 1, head = ?, updated = ? WHERE key = ?", (eid, now, ref.key))
 
     def add_side_events(self, ref: SessionRef, node: str | None, messages: Iterable[dict]) -> list[Event]:
         """Gateway-made messages (recall calls and results), hung off `node`."""
         out = []
-        with self._events.transact(), self._sessions.transact():
-            record = self._record(ref)
-            side_key = f"x|{ref.key}|{node}"
-            side = list(self._events.get(side_key, ()))
+        with self._transaction():
+            self._write_pending()
+            seq, _ = self._open_session(ref)
+            (count,) = self._db.execute(
+                "SELECT COUNT(*) FROM events WHERE session_key = ? AND parent IS ? AND kind = 'side'", (ref.key, node)
+            ).fetchone()
+            now = time.time()
+            rows = []
             for message in messages:
                 # Side events chain among themselves so identical recall rounds stay distinct.
-                eid = event_id(f"side:{node}:{len(side)}", message)
-                if self._put(record, node, eid, message, "side"):
-                    side.append(eid)
+                eid = event_id(f"side:{node}:{count + len(rows)}", message)
+                rows.append(self._row(ref.key, node, eid, seq + len(rows), message, "side", now))
                 out.append(eid)
-            self._events[side_key] = tuple(side)
-            self._sessions[ref.key] = record
-        return [e for e in (self.get(ref.key, eid) for eid in out) if e is not None]
+            self._db.executemany("INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            self._db.execute("UPDATE sessions SET events = events + ?, updated = ? WHERE key = ?", (len(rows), now, ref.key))
+        return self.get_many(ref.key, out)
 
-    def note_request(self, ref: SessionRef) -> None:
-        """Count a request on the session (cheap bookkeeping for the inspector)."""
-        with self._sessions.transact():
-            record = self._sessions.get(ref.key)
-            if record is not None:
-                record.requests += 1
-                self._sessions[ref.key] = record
+    def _transaction(self):
+        db = self._db
 
-    def _record(self, ref: SessionRef) -> SessionRecord:
-        record = self._sessions.get(ref.key)
-        if record is None:
-            now = time.time()
-            record = SessionRecord(key=ref.key, tenant=ref.tenant, session_id=ref.session_id, created=now, updated=now)
-        return record
+        class _Tx:
+            def __enter__(self_inner):
+                db.execute("BEGIN IMMEDIATE")
 
-    def _put(self, record: SessionRecord, parent: str | None, eid: str, message: dict, kind: str) -> bool:
-        sk = record.key
-        key = _ekey(sk, eid)
-        if key in self._events:
-            return False
-        seq = record.events
+            def __exit__(self_inner, exc_type, exc, tb):
+                db.execute("ROLLBACK" if exc_type else "COMMIT")
+                return False
+
+        return _Tx()
+
+    def _known(self, sk: str, eid: str) -> bool:
+        return self._db.execute("SELECT 1 FROM events WHERE session_key = ? AND id = ?", (sk, eid)).fetchone() is not None
+
+    def _open_session(self, ref: SessionRef) -> tuple[int, bool]:
+        """The session's next seq, creating its record if needed (inside a transaction)."""
+        row = self._db.execute("SELECT events FROM sessions WHERE key = ?", (ref.key,)).fetchone()
+        if row is not None:
+            return row[0], False
         now = time.time()
+        self._db.execute(
+            "INSERT INTO sessions (key, tenant, session_id, created, updated) VALUES (?, ?, ?, ?, ?)",
+            (ref.key, ref.tenant, ref.session_id, now, now),
+        )
+        return 0, True
+
+    @staticmethod
+    def _row(sk: str, parent: str | None, eid: str, seq: int, message: dict, kind: str, now: float) -> tuple:
         stored = stored_form(message)
-        event = Event(eid, parent, seq, str(stored.get("role")), stored, now, kind)
-        self._events[key] = asdict(event)
-        self._events[f"q|{sk}|{seq}"] = eid
-        if kind == "message":
-            children_key = f"c|{sk}|{parent}"
-            self._events[children_key] = self._events.get(children_key, ()) + (eid,)
-        record.events = seq + 1
-        record.updated = now
-        return True
+        return (sk, eid, parent, seq, str(stored.get("role")), kind, now, orjson.dumps(stored))
 
     # -- reading ---------------------------------------------------------------------------
 
     def get(self, session_key: str, eid: str) -> Event | None:
-        raw = self._events.get(_ekey(session_key, eid))
-        return Event(**raw) if raw is not None else None
+        self.flush()
+        row = self._db.execute(
+            f"SELECT {_EVENT_COLUMNS} FROM events WHERE session_key = ? AND id = ?", (session_key, eid)
+        ).fetchone()
+        return _event(row) if row is not None else None
 
     def get_many(self, session_key: str, ids: Iterable[str]) -> list[Event]:
         return [e for e in (self.get(session_key, i) for i in ids) if e is not None]
 
     def since(self, session_key: str, seq: int) -> list[Event]:
         """Events appended after `seq`, in insertion order (the index catches up with this)."""
-        record = self._sessions.get(session_key)
-        if record is None:
-            return []
-        out = []
-        for n in range(seq + 1, record.events):
-            eid = self._events.get(f"q|{session_key}|{n}")
-            event = self.get(session_key, eid) if eid else None
-            if event is not None:
-                out.append(event)
-        return out
+        self.flush()
+        rows = self._db.execute(
+            f"SELECT {_EVENT_COLUMNS} FROM events WHERE session_key = ? AND seq > ? ORDER BY seq", (session_key, seq)
+        ).fetchall()
+        return [_event(r) for r in rows]
 
     def children(self, session_key: str, eid: str | None) -> tuple[str, ...]:
-        return self._events.get(f"c|{session_key}|{eid}", ())
+        self.flush()
+        rows = self._db.execute(
+            "SELECT id FROM events WHERE session_key = ? AND parent IS ? AND kind = 'message' ORDER BY seq", (session_key, eid)
+        ).fetchall()
+        return tuple(r[0] for r in rows)
 
     def side_events(self, session_key: str, node: str | None) -> list[Event]:
-        return self.get_many(session_key, self._events.get(f"x|{session_key}|{node}", ()))
+        rows = self._db.execute(
+            f"SELECT {_EVENT_COLUMNS} FROM events WHERE session_key = ? AND parent IS ? AND kind = 'side' ORDER BY seq",
+            (session_key, node),
+        ).fetchall()
+        return [_event(r) for r in rows]
 
     def path_to(self, session_key: str, eid: str) -> list[Event]:
         """The path from the root to `eid` (walks parents; for the inspector, not the hot path)."""
@@ -221,30 +311,35 @@ class Ledger:
         return out
 
     def heads(self, session_key: str) -> list[str]:
-        """Leaves of the session's tree: one per branch."""
-        record = self._sessions.get(session_key)
-        if record is None:
-            return []
-        leaves = []
-        for n in range(record.events):
-            eid = self._events.get(f"q|{session_key}|{n}")
-            event = self.get(session_key, eid) if eid else None
-            if event is not None and event.kind == "message" and not self.children(session_key, eid):
-                leaves.append(eid)
-        return leaves
+        """Leaves of the session's tree: one per branch, oldest first."""
+        self.flush()
+        rows = self._db.execute(
+            """SELECT e.id FROM events e WHERE e.session_key = ? AND e.kind = 'message' AND NOT EXISTS (
+                   SELECT 1 FROM events c WHERE c.session_key = e.session_key AND c.parent = e.id AND c.kind = 'message')
+               ORDER BY e.seq""",
+            (session_key,),
+        ).fetchall()
+        return [r[0] for r in rows]
 
     def session(self, session_key: str) -> SessionRecord | None:
-        return self._sessions.get(session_key)
+        self.flush()
+        row = self._db.execute(
+            "SELECT key, tenant, session_id, created, updated, events, head, requests FROM sessions WHERE key = ?", (session_key,)
+        ).fetchone()
+        return _session(row) if row else None
 
     def sessions(self, tenant: str | None = None) -> list[SessionRecord]:
-        records = [self._sessions[k] for k in self._sessions.iterkeys()]
-        if tenant is not None:
-            records = [r for r in records if r.tenant == tenant]
-        return sorted(records, key=lambda r: r.updated, reverse=True)
+        self.flush()
+        query = "SELECT key, tenant, session_id, created, updated, events, head, requests FROM sessions"
+        rows = (self._db.execute(query + " WHERE tenant = ? ORDER BY updated DESC", (tenant,)) if tenant is not None
+                else self._db.execute(query + " ORDER BY updated DESC")).fetchall()
+        return [_session(r) for r in rows]
 
     def volume_bytes(self) -> int:
-        return int(self._events.volume() + self._sessions.volume())
+        (pages,) = self._db.execute("PRAGMA page_count").fetchone()
+        (size,) = self._db.execute("PRAGMA page_size").fetchone()
+        return int(pages * size)
 
     def close(self) -> None:
-        self._events.close()
-        self._sessions.close()
+        self.flush()
+        self._db.close()
