@@ -20,15 +20,13 @@ from gateway.settings import Settings
 from gateway.embeddings import RemoteEmbedder
 from gateway.recall import RecallLoop
 from gateway.session_tools import Indexer, RecallTools
-from gateway.state import INDEX, INDEXER, CHECKPOINTS, COUNTER, IDENTITY, LEDGER, METRICS, PIPELINE, SETTINGS, SUMMARIZER, UPSTREAM
+from gateway.state import INDEXER, CHECKPOINTS, COUNTER, IDENTITY, LEDGER, METRICS, PIPELINE, SETTINGS, SUMMARIZER, UPSTREAM
 from gateway.summarizer import Summarizer
 from gateway.upstream import Upstream
 from gateway.views import ViewBuilder
 from gateway.windows import Windows
 from policies import Calibration, TokenCounter
 from store.checkpoints import DiskCheckpoints
-from store.embedders import default_embedder
-from store.index import SearchIndex
 from store.ledger import Ledger
 
 
@@ -93,8 +91,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     app[CHECKPOINTS] = checkpoints
     app[COUNTER] = counter
     app[SUMMARIZER] = summarizer
-    index = SearchIndex(str(Path(settings.store.path) / "index"), _embedder(settings, upstream))
-    indexer = Indexer(ledger, index)
+    indexer = Indexer(ledger, lambda: open_index(settings, upstream))
     pipeline = ChatPipeline(
         settings=settings, upstream=upstream, ledger=ledger, identity=app[IDENTITY], metrics=metrics,
         views=views, summaries=summarizer, calibration=calibration, indexer=indexer,
@@ -104,7 +101,6 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         max_rounds=settings.recall.max_rounds, metrics=metrics,
     )
     app[PIPELINE] = pipeline
-    app[INDEX] = index
     app[INDEXER] = indexer
     flusher = asyncio.create_task(_flush_answers(ledger), name="ledger-flush")
     try:
@@ -114,18 +110,23 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         # In-flight requests are drained by the server before cleanup; then summary jobs.
         await summarizer.close(settings.server.shutdown_timeout_s)
         await indexer.close()
-        index.close()
         await upstream.close()
         checkpoints.close()
         ledger.close()
 
 
-def _embedder(settings: Settings, upstream: Upstream):
+def open_index(settings: Settings, upstream: Upstream | None):
+    """The recall index under store.path with the configured embedder (imports LanceDB)."""
+    from store.embedders import default_embedder
+    from store.index import SearchIndex
+
     recall = settings.recall
-    if recall.embeddings_url:
-        return RemoteEmbedder(upstream, recall.embeddings_url, recall.embeddings_model,
-                              recall.embeddings_api_key.get_secret_value(), recall.embeddings_dim)
-    return default_embedder()
+    if recall.embeddings_url and upstream is not None:
+        embedder = RemoteEmbedder(upstream, recall.embeddings_url, recall.embeddings_model,
+                                  recall.embeddings_api_key.get_secret_value(), recall.embeddings_dim)
+    else:
+        embedder = default_embedder()
+    return SearchIndex(str(Path(settings.store.path) / "index"), embedder)
 
 
 async def _flush_answers(ledger: Ledger, every_s: float = 0.5) -> None:

@@ -58,37 +58,30 @@ async def reindex_all(settings: Settings) -> int:
     """Drop the search index and rebuild it from the ledger, session by session."""
     from pathlib import Path
 
+    from gateway.app import open_index
     from gateway.session_tools import Indexer
-    from store.embedders import default_embedder
-    from store.index import SearchIndex
+    from gateway.upstream import Upstream
     from store.ledger import Ledger
 
-    if settings.recall.embeddings_url:
-        print("palimpsest: reindex uses the configured embeddings endpoint", file=sys.stderr)
     ledger = Ledger(settings.store.path, synchronous=settings.store.sync)
-    embedder = default_embedder()
+    upstream = None
     if settings.recall.embeddings_url:
-        from gateway.app import _embedder
-        from gateway.upstream import Upstream
-
         upstream = Upstream(settings.upstream.base_url, settings.upstream.api_key.get_secret_value(),
                             connect_timeout=settings.upstream.connect_timeout_s, read_timeout=settings.upstream.read_timeout_s,
                             max_connections=settings.upstream.max_connections)
         await upstream.start()
-        embedder = _embedder(settings, upstream)
-    index = SearchIndex(str(Path(settings.store.path) / "index"), embedder)
+    indexer = Indexer(ledger, lambda: open_index(settings, upstream))
     try:
-        await index.reset()
-        indexer = Indexer(ledger, index)
+        await indexer.index.reset()
         sessions = ledger.sessions()
         chunks = 0
         for record in sessions:
             chunks += await indexer.catch_up(record.key)
         print(f"reindexed {len(sessions)} sessions, {chunks} chunks")
     finally:
-        index.close()
+        await indexer.close()
         ledger.close()
-        if settings.recall.embeddings_url:
+        if upstream is not None:
             await upstream.close()
     return 0
 

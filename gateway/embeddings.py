@@ -5,10 +5,7 @@ It lives in gateway/ because it does network I/O; it implements store.embedders.
 
 from __future__ import annotations
 
-import numpy as np
 import orjson
-
-from store.embedders import normalise
 
 
 class RemoteEmbedder:
@@ -20,7 +17,11 @@ class RemoteEmbedder:
         self.dim = dim
         self.name = f"openai-compatible:{model}:{dim}"
 
-    async def embed(self, texts: list[str]) -> np.ndarray:
+    async def embed(self, texts: list[str]):
+        import numpy as np
+
+        from store.embedders import normalise
+
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         headers = {"Content-Type": "application/json"}

@@ -12,12 +12,15 @@ import logging
 import re
 import time
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Callable
 
 import orjson
 
 from policies.messages import call_arguments, call_name, content_text, tool_calls
-from store.index import IndexedEvent, SearchIndex
 from store.ledger import Event, Ledger
+
+if TYPE_CHECKING:
+    from store.index import SearchIndex
 
 log = logging.getLogger("palimpsest.recall")
 
@@ -44,15 +47,27 @@ def _iso(ts: float) -> str:
 
 class Indexer:
     """Keeps the search index caught up with the ledger: in the background after each turn,
-    and always before a search (a search sees every durable event of its session)."""
+    and always before a search (a search sees every durable event of its session).
 
-    def __init__(self, ledger: Ledger, index: SearchIndex) -> None:
+    The index is opened on first use: LanceDB, Arrow and the embedder cost ~100 MB of memory,
+    which a gateway whose sessions never hide anything should not pay."""
+
+    def __init__(self, ledger: Ledger, open_index: Callable[[], "SearchIndex"]) -> None:
         self.ledger = ledger
-        self.index = index
+        self._open_index = open_index
+        self._index: "SearchIndex | None" = None
         self._locks: dict[str, asyncio.Lock] = {}
         self._pending: dict[str, asyncio.Task] = {}
 
+    @property
+    def index(self) -> "SearchIndex":
+        if self._index is None:
+            self._index = self._open_index()
+        return self._index
+
     async def catch_up(self, session_key: str) -> int:
+        from store.index import IndexedEvent
+
         lock = self._locks.setdefault(session_key, asyncio.Lock())
         async with lock:
             seq = self.index.indexed_seq(session_key)
@@ -80,6 +95,8 @@ class Indexer:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._index is not None:
+            self._index.close()
 
 
 class RecallTools:

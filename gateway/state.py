@@ -13,7 +13,6 @@ if TYPE_CHECKING:
     from gateway.settings import Settings
     from gateway.session_tools import Indexer
     from gateway.summarizer import Summarizer
-    from store.index import SearchIndex
     from gateway.upstream import Upstream
     from policies import TokenCounter
     from store.checkpoints import DiskCheckpoints
@@ -28,7 +27,6 @@ PIPELINE: web.AppKey["ChatPipeline"] = web.AppKey("pipeline")
 CHECKPOINTS: web.AppKey["DiskCheckpoints"] = web.AppKey("checkpoints")
 COUNTER: web.AppKey["TokenCounter"] = web.AppKey("counter")
 SUMMARIZER: web.AppKey["Summarizer"] = web.AppKey("summarizer")
-INDEX: web.AppKey["SearchIndex"] = web.AppKey("index")
 INDEXER: web.AppKey["Indexer"] = web.AppKey("indexer")
 
 # Per-request facts the access log reports (never message text).
