@@ -38,6 +38,7 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
     metrics = request.app[METRICS]
     ledger = request.app[LEDGER]
     metrics.store_bytes.labels("ledger").set(ledger.volume_bytes())
+    metrics.store_sessions.set(ledger.session_count())
     metrics.store_bytes.labels("checkpoints").set(request.app[CHECKPOINTS].volume_bytes())
     return web.Response(body=metrics.render(), headers={"Content-Type": metrics.content_type})
 

@@ -113,7 +113,10 @@ class ChatPipeline:
             ids = path_ids(chat.history)
             ref = self.identity.session(request, tenant, ids[0])
             if ref is not None:
-                chat.ids = self.ledger.sync(ref, chat.history, ids).ids
+                synced = self.ledger.sync(ref, chat.history, ids)
+                chat.ids = synced.ids
+                if synced.added:
+                    self.metrics.ledger_events.labels("message").inc(synced.added)
         else:
             ref = self.identity.session(request, tenant, None)
         request[TENANT] = tenant
@@ -125,7 +128,6 @@ class ChatPipeline:
         turn.headers["x-request-id"] = request.get(REQUEST_ID, "")
         if ref is not None:
             turn.headers["x-palimpsest-session"] = ref.key.split("/", 1)[1]
-        if view.messages is not None:
             turn.headers["x-palimpsest-prompt-tokens-client"] = str(view.client_tokens)
             turn.headers["x-palimpsest-prompt-tokens-upstream"] = str(view.upstream_tokens)
             if view.checkpoint:
@@ -167,6 +169,8 @@ class ChatPipeline:
             headers.update(turn.headers)
             if up.status == 200:
                 self._learn(turn, payload)
+            else:
+                self.metrics.upstream_error(up.status)
             response = web.Response(status=up.status, reason=up.reason, body=payload, headers=headers)
         await response.prepare(request)
         await response.write_eof()
@@ -183,6 +187,8 @@ class ChatPipeline:
             headers = response_headers(up.headers, decoded=True)
             headers.update(turn.headers)
             if up.status != 200 or "text/event-stream" not in up.headers.get("Content-Type", ""):
+                if up.status != 200:
+                    self.metrics.upstream_error(up.status)
                 t0 = time.perf_counter()
                 payload = await up.read()
                 turn.timing.waiting(t0)

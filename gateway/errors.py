@@ -91,6 +91,10 @@ async def error_middleware(request: web.Request, handler):
     try:
         return await handler(request)
     except GatewayError as exc:
+        if isinstance(exc, (UpstreamUnreachable, UpstreamTimeout)):
+            from gateway.state import METRICS
+
+            request.app[METRICS].upstream_error(kind="timeout" if isinstance(exc, UpstreamTimeout) else "unreachable")
         return error_response(exc.status, exc.message, exc.type, exc.param, exc.code)
     except web.HTTPException as exc:
         if exc.status < 400:

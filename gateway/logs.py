@@ -15,7 +15,7 @@ import uuid
 
 from aiohttp import web
 
-from gateway.state import LOG_FIELDS, MODEL, REQUEST_ID, SESSION, TENANT
+from gateway.state import LOG_FIELDS, METRICS, MODEL, REQUEST_ID, SESSION, TENANT
 
 access = logging.getLogger("palimpsest.access")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -57,6 +57,8 @@ async def request_log_middleware(request: web.Request, handler):
     request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
     request[REQUEST_ID] = request_id
     status = 500
+    metrics = request.app[METRICS]
+    metrics.in_flight.inc()
     try:
         response = await handler(request)
         status = response.status
@@ -64,6 +66,7 @@ async def request_log_middleware(request: web.Request, handler):
             response.headers["x-request-id"] = request_id
         return response
     finally:
+        metrics.in_flight.dec()
         if request.path not in ("/metrics", "/healthz"):
             fields = {
                 "request_id": request_id,

@@ -7,7 +7,7 @@ configured ones) are reported as ``other``; routes are the gateway's own route n
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 MODEL_LABEL_CAP = 50
@@ -21,6 +21,8 @@ class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(self, known_models: list[str] | None = None) -> None:
+        # *_created series double the series count and carry nothing a dashboard uses.
+        disable_created_metrics()
         self.registry = r = CollectorRegistry(auto_describe=True)
         self._models: set[str] = set(known_models or [])
         self._model_cap = MODEL_LABEL_CAP + len(self._models)
@@ -78,6 +80,10 @@ class Metrics:
             self._models.add(model)
             return model
         return "other"
+
+    def upstream_error(self, status: int | None = None, kind: str | None = None) -> None:
+        """Count an upstream failure: its HTTP status class, or 'unreachable' / 'timeout'."""
+        self.upstream_errors.labels(kind or str(status)).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

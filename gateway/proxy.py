@@ -32,6 +32,8 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         ) as up:
             waited += time.perf_counter() - t0
             status = up.status
+            if status >= 400:
+                metrics.upstream_error(status)
             response = web.StreamResponse(status=up.status, reason=up.reason, headers=response_headers(up.headers, decoded=False))
             response.headers["x-request-id"] = request.get(REQUEST_ID, "")
             if up.content_length is not None and request.method != "HEAD":

@@ -87,9 +87,17 @@ class RecallLoop:
         node = turn.chat.ids[-1] if turn.chat.ids else None
         try:
             self.pipeline.ledger.add_side_events(turn.ref, node, [assistant, *results])
+            self.metrics.ledger_events.labels("side").inc(1 + len(results))
         except Exception:
             pass  # the recall still answers; the audit trail is best effort
         return results
+
+    def _count_overhead(self, turn, usage: dict | None) -> None:
+        """Every upstream call of a turn after the first exists because of recall: its tokens
+        are the gateway's cost, set against the tokens it saved."""
+        if usage and turn.recall_rounds > 0:
+            spent = (usage.get("prompt_tokens") or 0) + (usage.get("completion_tokens") or 0)
+            self.metrics.tokens_spent_overhead.labels("recall").inc(spent)
 
     async def respond(self, request: web.Request, turn) -> web.StreamResponse:
         try:
@@ -126,6 +134,7 @@ class RecallLoop:
             except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
                 return await self._send(request, turn, status, reason, payload, headers)
             usage_total = _add_usage(usage_total, data.get("usage"))
+            self._count_overhead(turn, data.get("usage"))
             recall, client = self._split(message.get("tool_calls") or [], names)
             if recall and not client and with_recall:
                 assistant = {"role": "assistant", "content": message.get("content"), "tool_calls": recall}
@@ -230,6 +239,7 @@ class RecallLoop:
                     if out:
                         await response.write(bytes(out))
             usage_total = _add_usage(usage_total, call_usage)
+            self._count_overhead(turn, call_usage)
             calls = assembler.message().get("tool_calls") or []
             recall, client = self._split(calls, names)
             if recall and not client and with_recall:

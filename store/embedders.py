@@ -70,7 +70,7 @@ class WordLlamaEmbedder:
         if self._model is None:
             with self._load_lock:
                 if self._model is None:
-                    import wordllama
+                    wordllama = _import_wordllama()
 
                     # The weights and tokenizer are package data; never reach for Hugging Face.
                     self._model = wordllama.WordLlama.load(
@@ -119,10 +119,26 @@ class HashingEmbedder:
         return normalise(np.stack([self._row(text) for text in texts]))
 
 
+def _import_wordllama():
+    """Import wordllama without letting it reconfigure logging.
+
+    Its import calls ``logging.basicConfig(level=INFO)``, which would make every library in a
+    process that has not set up logging yet (``palimpsest reindex``, library use) log at INFO.
+    """
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        import wordllama
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    return wordllama
+
+
 def default_embedder() -> Embedder:
     """WordLlama when it is importable, else the hashing fallback (with a warning saying why)."""
     try:
-        import wordllama  # noqa: F401
+        _import_wordllama()
     except ImportError as exc:
         logger.warning(
             "WordLlama is unavailable (%s); recall falls back to the hashing embedder, "

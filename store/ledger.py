@@ -335,6 +335,9 @@ class Ledger:
                 else self._db.execute(query + " ORDER BY updated DESC")).fetchall()
         return [_session(r) for r in rows]
 
+    def session_count(self) -> int:
+        return self._db.execute("SELECT COUNT(*) FROM sessions").fetchone()[0]
+
     def volume_bytes(self) -> int:
         (pages,) = self._db.execute("PRAGMA page_count").fetchone()
         (size,) = self._db.execute("PRAGMA page_size").fetchone()

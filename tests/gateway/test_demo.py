@@ -1,0 +1,57 @@
+"""``palimpsest demo`` runs offline, says its upstream is simulated, and recalls an early fact."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from gateway.workloads import synthetic_session
+
+ROW = re.compile(r"^ *(\d+) +([\d,]+) +([\d,]+) +(\d+)% *(.*)$", re.M)
+
+
+def run_demo(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "PALIMPSEST_"))}
+    # No network: a proxy that goes nowhere must not matter, everything stays on loopback.
+    env.update(HTTP_PROXY="http://127.0.0.1:9", HTTPS_PROXY="http://127.0.0.1:9", ALL_PROXY="http://127.0.0.1:9")
+    return subprocess.run([sys.executable, "-m", "gateway", "demo", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=Path(__file__).resolve().parents[2])
+
+
+def test_demo_replays_a_long_session_and_recalls_an_early_fact():
+    done = run_demo("--rounds", "25")
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "SIMULATED" in out
+    assert re.search(r"turn\s+client prompt\s+upstream prompt\s+saved\s+events", out)
+    rows = [(int(t), int(c.replace(",", "")), int(u.replace(",", "")), e) for t, c, u, _, e in ROW.findall(out)]
+    assert [r[0] for r in rows] == list(range(1, 26))
+    assert all(client >= upstream > 0 for _, client, upstream, _ in rows)
+    assert rows[-1][2] < rows[-1][1] * 0.5, "by the end, compaction and summaries halve the prompt"
+    assert any("checkpoint created" in events for *_, events in rows)
+    # The recalled value is the exact one planted early in the bundled session.
+    fact = synthetic_session(seed=7, rounds=25).facts[0]
+    assert f"recalled: {fact.answer}" in out
+    assert re.search(r"summary calls\s+[1-9]", out)
+    assert re.search(r"client prompt tokens\s+[\d,]+", out) and re.search(r"upstream prompt tokens\s+[\d,]+", out)
+    # The progress bar goes to stderr, finished; stdout stays a clean table.
+    assert "25/25 rounds" in done.stderr and "rounds" not in "".join(l for l in out.splitlines() if ROW.match(l))
+    assert "Traceback" not in done.stderr
+    # The temporary store is gone.
+    store = re.search(r"\(store (\S+)\)", out).group(1)
+    assert not Path(store).exists()
+
+
+def test_demo_keep_leaves_the_store():
+    done = run_demo("--rounds", "2", "--keep")
+    assert done.returncode == 0, done.stdout + done.stderr
+    store = Path(re.search(r"\(store (\S+)\)", done.stdout).group(1))
+    try:
+        assert store.is_dir() and any(store.iterdir())
+        assert f"store kept in {store}" in done.stdout
+    finally:
+        shutil.rmtree(store, ignore_errors=True)
