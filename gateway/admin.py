@@ -1,9 +1,156 @@
-"""Admin API and inspector UI behind server.admin_token (owned by the inspector work)."""
+"""Admin API and inspector UI behind server.admin_token (DESIGN §7, issue 5).
+
+    GET  /admin/ui                                 the inspector page (no token: it asks for one)
+    GET  /admin/sessions?tenant=&limit=            sessions, newest first
+    GET  /admin/sessions/{tenant}/{hash}           branches, events, checkpoints, per-request tokens
+    GET  /admin/sessions/{tenant}/{hash}/view      the exact view the upstream would receive
+    POST /admin/sessions/{tenant}/{hash}/view      same, with {"system", "tools", "model", ...}
+
+Query parameters of the session routes: ``head`` (an event id: another branch or an earlier
+point), ``model``, ``system``, ``max_tokens``, and for the view ``checkpoint`` (pin to what the
+model saw when that checkpoint was the newest). The token is the operator's: every tenant is
+visible. Credentials are never stored, so none can leak through here.
+
+With an empty admin_token nothing is served: every /admin path answers 404, so a gateway in
+default configuration does not even reveal that the inspector exists.
+"""
 
 from __future__ import annotations
 
+import hmac
+from pathlib import Path
+from typing import AsyncIterator
+
+import orjson
 from aiohttp import web
+
+from gateway.errors import BadRequest, NotFound, Unauthorized
+from gateway.inspection import Inspector, ViewInputs
+from gateway.state import CHECKPOINTS, LEDGER, PIPELINE, SETTINGS
+
+INSPECTOR: web.AppKey[Inspector] = web.AppKey("inspector", Inspector)
+UI_PAGE = Path(__file__).parent / "static" / "inspector.html"
+MAX_LIST = 1000
+# The page is self-contained: inline script and style, API calls to this origin only. Session
+# content is rendered as text, and this policy is the second line against injected markup.
+UI_POLICY = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+             "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
 
 def setup_admin(app: web.Application) -> None:
     """Register /admin routes; nothing is served while server.admin_token is empty."""
+    if not app[SETTINGS].server.admin_token.get_secret_value():
+        app.router.add_route("*", "/admin", _off)
+        app.router.add_route("*", "/admin/{tail:.*}", _off)
+        return
+    app.cleanup_ctx.append(_inspector)
+    app.router.add_get("/admin/ui", ui_page)
+    app.router.add_get("/admin/sessions", list_sessions)
+    app.router.add_get("/admin/sessions/{tenant}/{digest}", session_detail)
+    app.router.add_get("/admin/sessions/{tenant}/{digest}/view", session_view)
+    app.router.add_post("/admin/sessions/{tenant}/{digest}/view", session_view)
+
+
+async def _off(request: web.Request) -> web.Response:
+    raise NotFound(f"Unknown path '{request.path}'.")
+
+
+async def _inspector(app: web.Application) -> AsyncIterator[None]:
+    # Runs after the gateway's own resources (cleanup_ctx order), so the pipeline exists.
+    app[INSPECTOR] = Inspector.wrap(ledger=app[LEDGER], checkpoints=app[CHECKPOINTS],
+                                    views=app[PIPELINE].views, settings=app[SETTINGS])
+    yield
+
+
+def _authorize(request: web.Request) -> Inspector:
+    expected = request.app[SETTINGS].server.admin_token.get_secret_value().encode()
+    header = request.headers.get("Authorization", "")
+    given = header[7:].strip() if header[:7].lower() == "bearer " else ""
+    if not given or not hmac.compare_digest(given.encode(), expected):
+        raise Unauthorized("The admin API needs 'Authorization: Bearer <server.admin_token>'.")
+    return request.app[INSPECTOR]
+
+
+def _json(data) -> web.Response:
+    return web.Response(body=orjson.dumps(data), content_type="application/json",
+                        headers={"Cache-Control": "no-store"})
+
+
+def _int(request: web.Request, name: str) -> int | None:
+    value = request.query.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        raise BadRequest(f"Query parameter '{name}' has value '{value}'. Not an integer.", param=name) from None
+    if number < 0:
+        raise BadRequest(f"Query parameter '{name}' has value '{value}'. Must not be negative.", param=name)
+    return number
+
+
+async def _inputs(request: web.Request) -> ViewInputs:
+    """Request facts the ledger does not keep: from the query, or a JSON body on POST."""
+    q = request.query
+    inputs = ViewInputs(model=q.get("model") or None, system=q.get("system") or None, max_tokens=_int(request, "max_tokens"))
+    if request.method == "POST" and request.can_read_body:
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            raise BadRequest("The request body must be JSON.") from None
+        if not isinstance(body, dict):
+            raise BadRequest("The request body must be a JSON object.")
+        system, tools = body.get("system"), body.get("tools")
+        instructions = isinstance(system, list) and all(isinstance(m, dict) and m.get("role") in ("system", "developer") for m in system)
+        if system is not None and not (isinstance(system, str) or instructions):
+            raise BadRequest("'system' must be a string or a list of system/developer messages.", param="system")
+        if tools is not None and not isinstance(tools, list):
+            raise BadRequest("'tools' must be an array.", param="tools")
+        max_tokens = body.get("max_tokens")
+        if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0):
+            raise BadRequest("'max_tokens' must be a non-negative integer.", param="max_tokens")
+        model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            raise BadRequest("'model' must be a string.", param="model")
+        inputs.model = model or inputs.model
+        inputs.system = system if system is not None else inputs.system
+        inputs.tools = tools
+        inputs.max_tokens = max_tokens or inputs.max_tokens
+    return inputs
+
+
+def _record(request: web.Request, inspector: Inspector):
+    key = f"{request.match_info['tenant']}/{request.match_info['digest']}"
+    record = inspector.ledger.session(key)
+    if record is None:
+        raise NotFound(f"No session '{key}'.")
+    return record
+
+
+async def ui_page(request: web.Request) -> web.StreamResponse:
+    return web.FileResponse(UI_PAGE, headers={
+        "Content-Type": "text/html; charset=utf-8", "Content-Security-Policy": UI_POLICY,
+        "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-store",
+    })
+
+
+async def list_sessions(request: web.Request) -> web.Response:
+    inspector = _authorize(request)
+    limit = _int(request, "limit")
+    sessions = inspector.sessions(request.query.get("tenant") or None, min(limit or MAX_LIST, MAX_LIST))
+    return _json({"object": "list", "data": sessions})
+
+
+async def session_detail(request: web.Request) -> web.Response:
+    inspector = _authorize(request)
+    record = _record(request, inspector)
+    return _json(await inspector.session_detail(record, request.query.get("head") or None, await _inputs(request)))
+
+
+async def session_view(request: web.Request) -> web.Response:
+    inspector = _authorize(request)
+    record = _record(request, inspector)
+    inputs = await _inputs(request)
+    view = await inspector.projected_view(record, request.query.get("head") or None, inputs,
+                                          checkpoint=request.query.get("checkpoint") or None)
+    return _json(view)

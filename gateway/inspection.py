@@ -1,0 +1,301 @@
+"""What the inspector shows, built once for the admin API, its UI and ``palimpsest inspect``.
+
+Everything here reads the store and never writes it: a session's branches, the events of one
+branch with their token counts and what the view does to them (summarized behind a checkpoint,
+compacted to a placeholder, dropped by tailoring), the recall calls hung off each node, the
+checkpoints, per-request token figures, and the exact view the upstream would receive.
+
+The view is made by the gateway's own ``ViewBuilder`` on a copy that cannot start summary jobs
+and counts into a private metrics registry, so looking at a session neither changes the
+ledger, nor makes LLM calls, nor moves the gateway's counters. System prompts, tools and the
+request's model are not stored (they belong to each request), so callers may pass them in.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import orjson
+
+from gateway.chat_request import parse_chat_request
+from gateway.errors import BadRequest, NotFound
+from gateway.metrics import Metrics
+from gateway.views import ViewBuilder
+from store.checkpoints import Checkpoint
+from store.ledger import Event, SessionRecord, SessionRef
+
+PREVIEW_CHARS = 200
+UNKNOWN_MODEL = "unknown"
+MAX_TURN_STATS = 400  # per-request figures re-run the projection; cap the work on huge sessions
+NOT_STORED = ("System prompts and tools are request instructions, not history: the ledger does not "
+              "store them. Pass the client's `system` (and `tools`) to get the exact view.")
+STORED_FORM = "Messages are in the ledger's stored form: null and empty fields the SDKs add are dropped."
+
+
+@dataclass(slots=True)
+class ViewInputs:
+    """What a request carries besides its history (none of it is stored)."""
+
+    model: str | None = None
+    system: str | list[dict] | None = None
+    tools: list[dict] | None = None
+    max_tokens: int | None = None
+
+    def instructions(self) -> list[dict]:
+        if self.system is None or self.system == "":
+            return []
+        if isinstance(self.system, str):
+            return [{"role": "system", "content": self.system}]
+        return list(self.system)
+
+
+class _NoSummaries:
+    """Stands in for the summarizer: inspecting a view must never start a summary job."""
+
+    async def sync(self, *args, **kwargs) -> None:
+        return None
+
+
+class _CheckpointsAsOf:
+    """The checkpoint store as it stood at `cutoff`: what a request made then could use."""
+
+    def __init__(self, checkpoints, cutoff: float | None = None) -> None:
+        self._checkpoints = checkpoints
+        self.cutoff = cutoff
+
+    def list(self, session_key: str) -> list[Checkpoint]:
+        found = self._checkpoints.list(session_key)
+        return found if self.cutoff is None else [c for c in found if c.created <= self.cutoff]
+
+    def newest_on_path(self, session_key: str, positions: dict[str, int]):
+        for cp in reversed(self.list(session_key)):
+            if cp.boundary in positions:
+                return cp, positions[cp.boundary]
+        return None
+
+
+@dataclass(slots=True)
+class Inspector:
+    ledger: object
+    checkpoints: object
+    views: ViewBuilder  # read-only copy of the gateway's builder (see `wrap`)
+    settings: object
+
+    @classmethod
+    def wrap(cls, *, ledger, checkpoints, views: ViewBuilder, settings) -> "Inspector":
+        """A read-only copy of the gateway's view builder: same windows, counter, calibration."""
+        builder = copy.copy(views)
+        builder.summarizer = _NoSummaries()
+        builder.metrics = Metrics()  # private registry: the gateway's counters stay honest
+        return cls(ledger, checkpoints, builder, settings)
+
+    def _builder(self, cutoff: float | None) -> ViewBuilder:
+        # One copy per view: concurrent inspections never share a cutoff.
+        builder = copy.copy(self.views)
+        builder.checkpoints = _CheckpointsAsOf(self.checkpoints, cutoff)
+        return builder
+
+    @property
+    def counter(self):
+        return self.views.counter
+
+    # -- sessions ----------------------------------------------------------------------------
+
+    def sessions(self, tenant: str | None = None, limit: int | None = None) -> list[dict]:
+        records = self.ledger.sessions(tenant)
+        return [self._session_row(r) for r in records[:limit]]
+
+    def _session_row(self, record: SessionRecord) -> dict:
+        return {
+            "key": record.key, "tenant": record.tenant, "session_id": record.session_id,
+            "created": record.created, "updated": record.updated, "events": record.events,
+            "requests": record.requests, "head": record.head,
+            "checkpoints": len(self.checkpoints.list(record.key)),
+        }
+
+    def find(self, wanted: str, tenant: str | None = None) -> SessionRecord:
+        """A session by key (tenant/hash) or by the client's own session id."""
+        record = self.ledger.session(wanted)
+        if record is not None and (tenant is None or record.tenant == tenant):
+            return record
+        matches = [r for r in self.ledger.sessions(tenant) if r.session_id == wanted]
+        if len(matches) > 1:
+            tenants = ", ".join(sorted(r.tenant for r in matches))
+            raise BadRequest(f"Session id '{wanted}' exists for several tenants ({tenants}); pass the tenant or the key.")
+        if not matches:
+            raise NotFound(f"No session '{wanted}'.")
+        return matches[0]
+
+    # -- one session -------------------------------------------------------------------------
+
+    def path(self, record: SessionRecord, head: str | None) -> list[Event]:
+        head = head or record.head
+        event = self.ledger.get(record.key, head) if head else None
+        if event is None or event.kind != "message":
+            raise NotFound(f"No event '{head}' on a path of session '{record.key}'.")
+        return self.ledger.path_to(record.key, head)
+
+    async def session_detail(self, record: SessionRecord, head: str | None = None,
+                             inputs: ViewInputs | None = None) -> dict:
+        inputs = inputs or ViewInputs()
+        path = self.path(record, head)
+        model, model_source = self._model(record, inputs)
+        view = await self._view(record, path, inputs, model)
+        positions = {e.id: i for i, e in enumerate(path)}
+        checkpoint = self._checkpoint(record, view.checkpoint)
+        boundary = positions.get(checkpoint.boundary, -1) if checkpoint else -1
+        sent_tools = {m.get("tool_call_id"): m for m in (view.messages or []) if m.get("role") == "tool"}
+        events = []
+        for i, event in enumerate(path):
+            row = self._event_row(record.key, event)
+            summarized = i <= boundary
+            hidden = event.id in view.hidden
+            sent = sent_tools.get(event.message.get("tool_call_id")) if event.role == "tool" else None
+            compacted = hidden and not summarized and sent is not None and sent.get("content") != event.message.get("content")
+            row.update(hidden=hidden, summarized=summarized, compacted=compacted,
+                       dropped=hidden and not summarized and not compacted)
+            row["side_events"] = [self._event_row(record.key, s) for s in self.ledger.side_events(record.key, event.id)]
+            events.append(row)
+        turns = await self.turns(record, path, inputs, model)
+        client = sum(t["client_tokens"] for t in turns)
+        upstream = sum(t["upstream_tokens"] for t in turns)
+        return {
+            "session": self._session_row(record),
+            "head": path[-1].id,
+            "branches": self.branches(record),
+            "basis": {"model": model, "model_source": model_source, "checkpoint": view.checkpoint,
+                      "boundary": checkpoint.boundary if checkpoint else None, "system_prompt": self._system_note(inputs),
+                      "window": view.window, "budget": view.budget},
+            "events": events,
+            "checkpoints": [self._checkpoint_row(cp, positions, view.checkpoint) for cp in self.checkpoints.list(record.key)],
+            "turns": turns,
+            "totals": {
+                "requests": len(turns), "client_tokens": client, "upstream_tokens": upstream,
+                "saved_tokens": client - upstream, "saved_ratio": round(1 - upstream / client, 4) if client else 0.0,
+                "recall_calls": sum(len(s["tool_calls"]) for e in events for s in e["side_events"]),
+                "summary_tokens": sum(cp.summary_tokens for cp in self.checkpoints.list(record.key)),
+            },
+        }
+
+    def branches(self, record: SessionRecord) -> list[dict]:
+        out = []
+        for head in self.ledger.heads(record.key):
+            path = self.ledger.path_to(record.key, head)
+            out.append({"head": head, "length": len(path), "current": head == record.head,
+                        "updated": path[-1].created if path else None})
+        return sorted(out, key=lambda b: b["updated"] or 0, reverse=True)
+
+    async def turns(self, record: SessionRecord, path: list[Event], inputs: ViewInputs, model: str) -> list[dict]:
+        """Client vs upstream prompt tokens of each request on the path, re-projected as of then.
+
+        A request ends with the message that precedes an assistant answer (or with the head).
+        Checkpoints made after its answer could not have been used, so they are left out; the
+        figures are estimates (calibrated like the gateway's own) without system prompt and
+        tools unless those are passed in."""
+        ends = [i for i, e in enumerate(path) if e.role != "assistant" and (i + 1 == len(path) or path[i + 1].role == "assistant")]
+        out = []
+        for i in ends[-MAX_TURN_STATS:]:
+            cutoff = path[i + 1].created if i + 1 < len(path) else None
+            view = await self._view(record, path[: i + 1], inputs, model, cutoff=cutoff)
+            out.append({"event": path[i].id, "seq": path[i].seq, "index": i, "client_tokens": view.client_tokens,
+                        "upstream_tokens": view.upstream_tokens, "checkpoint": view.checkpoint,
+                        "answered": i + 1 < len(path)})
+        return out
+
+    async def projected_view(self, record: SessionRecord, head: str | None = None, inputs: ViewInputs | None = None,
+                             checkpoint: str | None = None) -> dict:
+        """The exact body the upstream would receive if the client resent this path now.
+
+        `checkpoint` pins the view to the checkpoints that existed when that one was made
+        (what the model saw then, before later summaries)."""
+        inputs = inputs or ViewInputs()
+        path = self.path(record, head)
+        model, model_source = self._model(record, inputs)
+        cutoff = None
+        if checkpoint:
+            pinned = self._checkpoint(record, checkpoint)
+            if pinned is None:
+                raise NotFound(f"No checkpoint '{checkpoint}' in session '{record.key}'.")
+            cutoff = pinned.created
+        chat, view = await self._chat_and_view(record, path, inputs, model, cutoff=cutoff)
+        untouched = view.messages is None
+        return {
+            "session": record.key, "head": path[-1].id, "model": model, "model_source": model_source,
+            "system_prompt": self._system_note(inputs), "form": STORED_FORM, "checkpoint": view.checkpoint,
+            "untouched": untouched,
+            "messages": chat.body["messages"] if untouched else view.messages,
+            "tools": chat.body.get("tools") if untouched or view.tools is None else view.tools,
+            "recall_tools": list(view.recall_names) if view.recall_names else None,
+            "hidden": sorted(view.hidden),
+            "tokens": {"client": view.client_tokens, "upstream": view.upstream_tokens,
+                       "saved": view.client_tokens - view.upstream_tokens, "window": view.window, "budget": view.budget,
+                       "calibration": round(self.views.calibration.factor(model), 4)},
+        }
+
+    # -- building blocks ---------------------------------------------------------------------
+
+    async def _view(self, record, path, inputs, model, *, cutoff=None):
+        return (await self._chat_and_view(record, path, inputs, model, cutoff=cutoff))[1]
+
+    async def _chat_and_view(self, record: SessionRecord, path: list[Event], inputs: ViewInputs, model: str, *,
+                             cutoff: float | None = None):
+        body: dict = {"model": model, "messages": [*inputs.instructions(), *(e.message for e in path)]}
+        if inputs.tools:
+            body["tools"] = inputs.tools
+        if inputs.max_tokens:
+            body["max_tokens"] = inputs.max_tokens
+        chat = parse_chat_request(orjson.dumps(body))
+        chat.ids = [e.id for e in path]
+        view = await self._builder(cutoff).build(chat, SessionRef(record.tenant, record.session_id))
+        return chat, view
+
+    def _model(self, record: SessionRecord, inputs: ViewInputs) -> tuple[str, str]:
+        """The request's model is not stored: take the caller's, else the checkpoints'."""
+        if inputs.model:
+            return inputs.model, "given"
+        if not self.settings.policy.summary_model:
+            for cp in reversed(self.checkpoints.list(record.key)):
+                return cp.model, "checkpoint"
+        if self.settings.models:
+            return next(iter(self.settings.models)), "not stored: first configured model; pass `model`"
+        # Still show the session: its window then comes from discovery or the default.
+        return UNKNOWN_MODEL, "not stored and no checkpoint names it; pass `model`"
+
+    def _checkpoint(self, record: SessionRecord, cid: str | None) -> Checkpoint | None:
+        return next((c for c in self.checkpoints.list(record.key) if c.id == cid), None) if cid else None
+
+    @staticmethod
+    def _system_note(inputs: ViewInputs) -> str:
+        return "given" if inputs.system else NOT_STORED
+
+    def _event_row(self, session_key: str, event: Event) -> dict:
+        message = event.message
+        return {
+            "id": event.id, "parent": event.parent, "seq": event.seq, "role": event.role, "kind": event.kind,
+            "created": event.created, "tokens": self.counter.count_message(message, event.id),
+            "preview": preview(message), "tool_call_id": message.get("tool_call_id"),
+            "tool_calls": [(c.get("function") or {}).get("name") for c in message.get("tool_calls") or ()],
+        }
+
+    @staticmethod
+    def _checkpoint_row(cp: Checkpoint, positions: dict[str, int], in_view: str | None) -> dict:
+        return {
+            "id": cp.id, "version": cp.version, "boundary": cp.boundary, "on_path": cp.boundary in positions,
+            "in_view": cp.id == in_view, "covered_events": cp.covered_events, "covered_tokens": cp.covered_tokens,
+            "summary": cp.summary, "summary_tokens": cp.summary_tokens, "state": cp.state, "created": cp.created,
+            "model": cp.model, "mode": cp.mode, "previous": cp.previous,
+        }
+
+
+def preview(message: dict, limit: int = PREVIEW_CHARS) -> str:
+    """The first characters of a message's text; tool calls shown as name(arguments)."""
+    content = message.get("content")
+    if isinstance(content, list):
+        content = " ".join(p.get("text", f"[{p.get('type')}]") if isinstance(p, dict) else str(p) for p in content)
+    text = content or ""
+    calls = [f"{(c.get('function') or {}).get('name')}({(c.get('function') or {}).get('arguments') or ''})"
+             for c in message.get("tool_calls") or ()]
+    if calls:
+        text = (text + " " if text else "") + "→ " + ", ".join(calls)
+    return text[:limit]

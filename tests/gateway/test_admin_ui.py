@@ -1,0 +1,169 @@
+"""The inspector page in headless Chromium: it loads, renders a session's timeline from the
+admin API, and logs no console errors.
+
+Chromium is driven over the DevTools protocol with aiohttp's websocket client (no extra Python
+dependency). Without a chromium binary the test is skipped, except under CI (``CI`` set),
+where a missing browser must fail rather than silently skip the check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import shutil
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.gateway.test_admin import TOKEN, client, long_session
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+
+
+@pytest.fixture
+def chromium_path() -> str:
+    found = next((p for p in map(shutil.which, BROWSERS) if p), None)
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed (Debian package 'chromium'); CI must run the inspector UI test")
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    return found
+
+
+class Browser:
+    """One headless Chromium page over the DevTools protocol; collects console errors."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws = ws
+        self.ids = itertools.count(1)
+        self.pending: dict[int, asyncio.Future] = {}
+        self.errors: list[str] = []
+        self.reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        async for msg in self.ws:
+            data = json.loads(msg.data)
+            if "id" in data:
+                future = self.pending.pop(data["id"], None)
+                if future is not None and not future.done():
+                    future.set_result(data)
+                continue
+            method, params = data.get("method"), data.get("params", {})
+            if method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
+                self.errors.append("console: " + " ".join(str(a.get("value", a.get("description"))) for a in params.get("args", [])))
+            elif method == "Runtime.exceptionThrown":
+                self.errors.append("exception: " + json.dumps(params.get("exceptionDetails", {}))[:500])
+            elif method == "Log.entryAdded" and params.get("entry", {}).get("level") == "error":
+                self.errors.append("log: " + params["entry"].get("text", ""))
+
+    async def send(self, method: str, **params):
+        n = next(self.ids)
+        future = self.pending[n] = asyncio.get_running_loop().create_future()
+        await self.ws.send_str(json.dumps({"id": n, "method": method, "params": params}))
+        reply = await asyncio.wait_for(future, 30)
+        assert "error" not in reply, reply
+        return reply.get("result", {})
+
+    async def evaluate(self, expression: str):
+        result = await self.send("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
+        assert "exceptionDetails" not in result, result
+        return result["result"].get("value")
+
+    async def wait_for(self, expression: str, timeout: float = 20.0):
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            value = await self.evaluate(expression)
+            if value:
+                return value
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"timed out waiting for {expression}; errors: {self.errors}")
+            await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+async def browser(chromium_path, tmp_path):
+    profile = tmp_path / "chromium-profile"
+    proc = await asyncio.create_subprocess_exec(
+        chromium_path, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
+        "--disable-default-apps", "--window-size=1280,1600", "--remote-debugging-port=0",
+        f"--user-data-dir={profile}", "about:blank",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    try:
+        port_file = Path(profile / "DevToolsActivePort")
+        for _ in range(300):
+            if port_file.exists() and port_file.read_text().strip():
+                break
+            await asyncio.sleep(0.1)
+        port = int(port_file.read_text().split()[0])
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{port}/json/list") as r:
+                pages = [t for t in await r.json() if t["type"] == "page"]
+            async with http.ws_connect(pages[0]["webSocketDebuggerUrl"], max_msg_size=0) as ws:
+                page = Browser(ws)
+                for domain in ("Page", "Runtime", "Log"):
+                    await page.send(f"{domain}.enable")
+                yield page
+                page.reader.cancel()
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            await proc.wait()
+
+
+async def test_inspector_page_renders_a_session_timeline(start_gateway, browser, tmp_path):
+    gw = await start_gateway(server={"admin_token": TOKEN})
+    session, history, _, record = await long_session(gw)
+    # One recall round, so the timeline has gateway-made side events to show.
+    history.append({"role": "user", "content": f"RECALL: {session.facts[0].question}"})
+    await client(gw, "long").chat.completions.create(model="fake-32k", messages=history)
+
+    await browser.send("Page.navigate", url=f"{gw.root}/admin/ui#token={TOKEN}&session={record.key}")
+    assert await browser.wait_for("document.body && document.body.dataset.state") == "ready"
+    page = await browser.evaluate("""(() => ({
+        url: location.href,
+        stored: sessionStorage.getItem('palimpsest-admin-token'),
+        events: document.querySelectorAll('#timeline li.ev[data-role]').length,
+        roles: [...new Set([...document.querySelectorAll('#timeline li.ev[data-role]')].map(li => li.dataset.role))].sort(),
+        boundary: document.querySelector('#boundary')?.textContent,
+        summarized: document.querySelectorAll('#timeline .flag.summarized').length,
+        compacted: document.querySelectorAll('#timeline .flag.compacted').length,
+        recall: document.querySelectorAll('#timeline .side-event').length,
+        turns: document.querySelectorAll('#timeline .turn-row').length,
+        totals: document.querySelector('#totals').textContent,
+        summaries: [...document.querySelectorAll('.checkpoint .summary-text')].map(p => p.textContent),
+    }))()""")
+    detail = await _detail(gw, record.key)
+    assert "token=" not in page["url"] and page["stored"] == TOKEN  # the token left the URL
+    assert page["events"] == len(detail["events"]) > 50
+    assert page["roles"] == ["assistant", "tool", "user"]
+    assert page["boundary"] and detail["basis"]["checkpoint"] in page["boundary"]
+    assert page["summarized"] == sum(e["summarized"] for e in detail["events"]) > 0
+    assert page["compacted"] == sum(e["compacted"] for e in detail["events"]) > 0
+    assert page["recall"] >= 2
+    assert page["turns"] == detail["totals"]["requests"]
+    assert f"{detail['totals']['saved_tokens']:,}" in page["totals"]
+    assert page["summaries"] and all("## " in text for text in page["summaries"])
+
+    # The exact projected view, on demand.
+    await browser.evaluate("[...document.querySelectorAll('button')].find(b => b.textContent.includes('projected view')).click()")
+    assert await browser.wait_for("document.querySelectorAll('#view .msg').length") >= 3
+    assert "<session_summary>" in await browser.evaluate("document.querySelector('#view .msg pre').textContent")
+
+    # Back to the session list (the token stays in this tab's sessionStorage).
+    await browser.send("Page.navigate", url=f"{gw.root}/admin/ui")
+    await browser.wait_for("!!document.querySelector('#sessions')")
+    assert "long" in await browser.evaluate("document.querySelector('#sessions').textContent")
+
+    shot = await browser.send("Page.captureScreenshot", format="png")
+    assert len(shot["data"]) > 1000
+    assert browser.errors == []
+
+
+async def _detail(gw, key: str) -> dict:
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"{gw.root}/admin/sessions/{key}", headers={"Authorization": f"Bearer {TOKEN}"}) as r:
+            return await r.json()
