@@ -11,7 +11,6 @@ When the view equals what the client sent, the client's body bytes are forwarded
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -20,10 +19,10 @@ import orjson
 from aiohttp import web
 
 from gateway.chat_request import ChatRequest, parse_chat_request
-from gateway.errors import error_body
 from gateway.sse import SSEDecoder, StreamAssembler
 from gateway.state import LOG_FIELDS, MODEL, PIPELINE, REQUEST_ID, SESSION, TENANT
 from gateway.upstream import response_headers
+from gateway.views import View
 from store.canonical import path_ids
 from store.ledger import SessionRef
 
@@ -58,32 +57,6 @@ class Turn:
     recall_calls: int = 0
     recall_rounds: int = 0
     recall_matches: dict[str, str] = field(default_factory=dict)  # this turn's search hits
-
-
-@dataclass(slots=True)
-class View:
-    """What the upstream receives. messages None means: forward the client's bytes unchanged."""
-
-    messages: list[dict] | None = None
-    tools: list[dict] | None = None
-    recall_names: tuple[str, str] | None = None
-    client_tokens: int = 0
-    upstream_tokens: int = 0
-    checkpoint: str | None = None
-    hidden: frozenset[str] = frozenset()
-    budget: int = 0
-    window: int = 0
-    policy: object = None
-    raw_estimate: int = 0  # uncalibrated estimate of what goes upstream (calibration input)
-
-    def body(self, chat: ChatRequest) -> bytes:
-        if self.messages is None:
-            return chat.raw
-        body = dict(chat.body)
-        body["messages"] = self.messages
-        if self.tools is not None:
-            body["tools"] = self.tools
-        return orjson.dumps(body)
 
 
 class ChatPipeline:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 
 from aiohttp import web
@@ -56,8 +55,6 @@ def main(argv: list[str] | None = None) -> int:
 
 async def reindex_all(settings: Settings) -> int:
     """Drop the search index and rebuild it from the ledger, session by session."""
-    from pathlib import Path
-
     from gateway.app import open_index
     from gateway.session_tools import Indexer
     from gateway.upstream import Upstream

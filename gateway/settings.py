@@ -197,7 +197,7 @@ def example_toml() -> str:
     ]
     defaults = Settings.model_construct()
     for name, field in Settings.model_fields.items():
-        model = field.annotation
+
         if name in ("models", "tenants", "policies"):
             continue
         lines.append(f"# {SECTION_HELP.get(name, '')}")

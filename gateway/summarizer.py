@@ -72,6 +72,11 @@ class Summarizer:
         # Seconds per summary call, learnt; decides whether a sync fold can finish in time.
         self._call_seconds = 3.0
 
+    @property
+    def idle(self) -> bool:
+        """No job queued or running."""
+        return not self._running and self._queue.empty()
+
     async def start(self) -> None:
         self._workers = [asyncio.create_task(self._work(), name=f"summary-worker-{i}") for i in range(self._worker_count)]
 

@@ -16,6 +16,8 @@ import logging
 import time
 from dataclasses import dataclass
 
+import orjson
+
 from gateway.chat_request import ChatRequest
 from gateway.errors import ContextLengthExceeded
 from policies import (
@@ -37,6 +39,32 @@ from store.checkpoints import Checkpoint
 from store.ledger import SessionRef
 
 log = logging.getLogger("palimpsest.views")
+
+
+@dataclass(slots=True)
+class View:
+    """What the upstream receives. messages None means: forward the client's bytes unchanged."""
+
+    messages: list[dict] | None = None
+    tools: list[dict] | None = None
+    recall_names: tuple[str, str] | None = None
+    client_tokens: int = 0
+    upstream_tokens: int = 0
+    checkpoint: str | None = None
+    hidden: frozenset[str] = frozenset()
+    budget: int = 0
+    window: int = 0
+    policy: object = None
+    raw_estimate: int = 0  # uncalibrated estimate of what goes upstream (calibration input)
+
+    def body(self, chat: ChatRequest) -> bytes:
+        if self.messages is None:
+            return chat.raw
+        body = dict(chat.body)
+        body["messages"] = self.messages
+        if self.tools is not None:
+            body["tools"] = self.tools
+        return orjson.dumps(body)
 
 
 @dataclass(slots=True)
@@ -68,8 +96,6 @@ class ViewBuilder:
         return resolve_policy(self.settings.policy, self.settings.policies, model, ref.session_id)
 
     async def build(self, chat: ChatRequest, ref: SessionRef, auth: str | None = None):
-        from gateway.chat import View
-
         policy = self.policy_for(chat.model, ref)
         window = await self.windows.window(chat.model, auth)
         budget = max(1, window - chat.max_output_tokens - policy.reserve_tokens)

@@ -13,7 +13,7 @@ import openai
 from gateway.state import CHECKPOINTS, LEDGER, SUMMARIZER
 from gateway.workloads import TOOL_SPECS, synthetic_session
 from store.canonical import stored_form
-from tests.support.agent import drive
+from tests.support.agent import drive, settle
 
 TOKEN = "t0k"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -22,13 +22,6 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 def client(gw, session: str) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=gw.base_url, api_key="sk-a", default_headers={"X-Session-Id": session}, max_retries=0)
 
-
-async def settle(gw) -> None:
-    summarizer = gw.app[SUMMARIZER]
-    for _ in range(200):
-        if not summarizer._running and summarizer._queue.empty():
-            return
-        await asyncio.sleep(0.05)
 
 
 async def long_session(gw, name: str = "long", rounds: int = 30):
@@ -145,7 +138,7 @@ async def test_view_is_what_the_upstream_received(start_gateway, upstream):
             assert r.status == 400 and (await r.json())["error"]["param"] == "system"
     # Inspecting wrote nothing and started no summary job.
     assert gw.app[LEDGER].session(record.key).events == record.events
-    assert gw.app[SUMMARIZER]._queue.empty() and not gw.app[SUMMARIZER]._running
+    assert gw.app[SUMMARIZER].idle
 
 
 async def test_inspect_cli_renders_sessions_checkpoints_and_view(start_gateway, upstream, tmp_path):

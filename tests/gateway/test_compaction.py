@@ -10,10 +10,10 @@ import openai
 import pytest
 
 from gateway.puppet import count_prompt
-from gateway.state import CHECKPOINTS, LEDGER, SUMMARIZER
+from gateway.state import CHECKPOINTS, LEDGER, METRICS, SUMMARIZER
 from gateway.workloads import TOOL_SPECS, synthetic_session
 from policies.rounds import tool_pair_problems
-from tests.support.agent import drive
+from tests.support.agent import drive, settle
 
 
 def client(gw, session="long", key="sk-a"):
@@ -28,17 +28,8 @@ def assert_every_upstream_request_valid(upstream, window=32_000):
             assert count_prompt(body) + (body.get("max_tokens") or 0) <= window
 
 
-async def settle(gw):
-    """Wait for queued summary jobs (tests need determinism, not speed)."""
-    summarizer = gw.app[SUMMARIZER]
-    for _ in range(200):
-        if not summarizer._running and summarizer._queue.empty():
-            return
-        await asyncio.sleep(0.05)
-
 
 async def test_short_session_is_untouched(gateway, upstream):
-    c = client(gateway, "short")
     raw = {"model": "fake-32k", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hello"}], "tools": TOOL_SPECS}
     async with aiohttp.ClientSession() as s:
         body = json.dumps(raw, separators=(",", ":")).encode()
@@ -202,14 +193,25 @@ async def test_forks_choose_their_own_checkpoint(start_gateway, upstream):
 
 
 async def test_one_summary_job_per_session_under_concurrency(start_gateway, upstream):
-    gw = await start_gateway()
+    # A low trigger: every turn of the wave is over it and asks for a summary.
+    gw = await start_gateway(policy={"summary_trigger_ratio": 0.1, "sync_compaction_ratio": 0.95})
     session = synthetic_session(seed=9, rounds=22)
     history, _ = await drive(client(gw, "conc"), session, model="fake-32k")
     await settle(gw)
-    before = len([r for r in upstream.received if r["headers"].get("x-palimpsest-purpose") == "summary"])
+    registry = gw.app[METRICS].registry
+
+    def jobs():
+        enqueued = registry.get_sample_value("palimpsest_summary_jobs_enqueued_total", {"mode": "async"}) or 0
+        busy = registry.get_sample_value("palimpsest_summary_jobs_dropped_total", {"reason": "busy"}) or 0
+        return enqueued, busy
+
+    before = jobs()
     upstream.state.latency_s = 0.2
     await asyncio.gather(*(client(gw, "conc").chat.completions.create(model="fake-32k", messages=history + [{"role": "user", "content": f"q{i}"}]) for i in range(10)))
     await settle(gw)
+    enqueued, busy = (a - b for a, b in zip(jobs(), before))
+    assert enqueued + busy == 10, "every concurrent turn asked for a summary"
+    assert enqueued <= 2 and busy >= 8, "while one job runs for the session, the others are dropped"
     key = gw.app[LEDGER].sessions()[0].key
     boundaries = [cp.boundary for cp in gw.app[CHECKPOINTS].list(key)]
     assert len(boundaries) == len(set(boundaries)), "two jobs summarised the same delta"

@@ -10,9 +10,9 @@ import sys
 import openai
 import orjson
 
-from gateway.state import INDEXER, LEDGER, PIPELINE, SUMMARIZER
+from gateway.state import INDEXER, LEDGER, PIPELINE
 from gateway.workloads import TOOL_SPECS, synthetic_session
-from tests.support.agent import drive
+from tests.support.agent import drive, settle
 
 RECALL_NAMES = {"session_search", "session_load"}
 
@@ -20,13 +20,6 @@ RECALL_NAMES = {"session_search", "session_load"}
 def client(gw, session="rec", key="sk-a"):
     return openai.AsyncOpenAI(base_url=gw.base_url, api_key=key, default_headers={"X-Session-Id": session}, max_retries=0)
 
-
-async def settle(gw):
-    summarizer = gw.app[SUMMARIZER]
-    for _ in range(200):
-        if not summarizer._running and summarizer._queue.empty():
-            return
-        await asyncio.sleep(0.05)
 
 
 async def long_history(gw, session="rec", rounds=28, seed=11):

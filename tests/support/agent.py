@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import openai
 
 from gateway.workloads import TOOL_SPECS, SyntheticSession
@@ -24,3 +26,14 @@ async def drive(client: openai.AsyncOpenAI, session: SyntheticSession, *, model:
         raw.append(second)
         history.append(second.parse().choices[0].message.model_dump(exclude_none=True))
     return history, raw
+
+
+async def settle(gw, timeout_s: float = 10.0) -> None:
+    """Wait until the gateway's summary jobs are done (tests want determinism, not speed)."""
+    from gateway.state import SUMMARIZER
+
+    summarizer = gw.app[SUMMARIZER]
+    for _ in range(int(timeout_s / 0.05)):
+        if summarizer.idle:
+            return
+        await asyncio.sleep(0.05)
