@@ -86,7 +86,7 @@ class ChatPipeline:
             ids = path_ids(chat.history)
             ref = self.identity.session(request, tenant, ids[0])
             if ref is not None:
-                synced = self.ledger.sync(ref, chat.history, ids)
+                synced = self.ledger.sync(ref, chat.history, ids, chat.model)
                 chat.ids = synced.ids
                 if synced.added:
                     self.metrics.ledger_events.labels("message").inc(synced.added)

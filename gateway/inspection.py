@@ -110,7 +110,7 @@ class Inspector:
         return {
             "key": record.key, "tenant": record.tenant, "session_id": record.session_id,
             "created": record.created, "updated": record.updated, "events": record.events,
-            "requests": record.requests, "head": record.head,
+            "requests": record.requests, "head": record.head, "model": record.model,
             "checkpoints": len(self.checkpoints.list(record.key)),
         }
 
@@ -251,9 +251,11 @@ class Inspector:
         return chat, view
 
     def _model(self, record: SessionRecord, inputs: ViewInputs) -> tuple[str, str]:
-        """The request's model is not stored: take the caller's, else the checkpoints'."""
+        """The caller's model, else the session's newest request's, else the checkpoints'."""
         if inputs.model:
             return inputs.model, "given"
+        if record.model:
+            return record.model, "newest request"
         if not self.settings.policy.summary_model:
             for cp in reversed(self.checkpoints.list(record.key)):
                 return cp.model, "checkpoint"

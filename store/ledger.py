@@ -63,6 +63,7 @@ class SessionRecord:
     events: int = 0
     head: str | None = None
     requests: int = 0
+    model: str | None = None  # of the newest request
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +75,7 @@ class PathSync:
 class LedgerStore(Protocol):
     """The interface the gateway depends on; scale-out backends implement the same."""
 
-    def sync(self, ref: SessionRef, messages: list[dict], ids: list[str] | None = None) -> PathSync: ...
+    def sync(self, ref: SessionRef, messages: list[dict], ids: list[str] | None = None, model: str | None = None) -> PathSync: ...
     def append(self, ref: SessionRef, parent: str | None, message: dict) -> Event: ...
     def add_side_events(self, ref: SessionRef, node: str | None, messages: Iterable[dict]) -> list[Event]: ...
     def get(self, session_key: str, eid: str) -> Event | None: ...
@@ -106,7 +107,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     updated    REAL NOT NULL,
     events     INTEGER NOT NULL DEFAULT 0,
     head       TEXT,
-    requests   INTEGER NOT NULL DEFAULT 0
+    requests   INTEGER NOT NULL DEFAULT 0,
+    model      TEXT
 );
 CREATE INDEX IF NOT EXISTS sessions_by_tenant ON sessions (tenant, updated);
 """
@@ -138,7 +140,7 @@ class Ledger:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def sync(self, ref: SessionRef, messages: list[dict], ids: list[str] | None = None) -> PathSync:
+    def sync(self, ref: SessionRef, messages: list[dict], ids: list[str] | None = None, model: str | None = None) -> PathSync:
         """Map non-system messages to their path of ids, appending the ones not yet known.
 
         `ids` may be passed when the caller already hashed the messages (``path_ids``).
@@ -148,13 +150,13 @@ class Ledger:
             ids = path_ids(messages)
         db = self._db
         if not ids or (not self._pending and self._known(sk, ids[-1])):
-            db.execute("UPDATE sessions SET requests = requests + 1 WHERE key = ?", (sk,))
+            db.execute("UPDATE sessions SET requests = requests + 1, model = ? WHERE key = ?", (model, sk))
             return PathSync(ids, 0)
         if self._pending:
             with self._transaction():
                 self._write_pending()
             if self._known(sk, ids[-1]):
-                db.execute("UPDATE sessions SET requests = requests + 1 WHERE key = ?", (sk,))
+                db.execute("UPDATE sessions SET requests = requests + 1, model = ? WHERE key = ?", (model, sk))
                 return PathSync(ids, 0)
         # Walk back to the newest known event: usually only the last turn or two are new.
         first_new = len(ids) - 1
@@ -170,8 +172,8 @@ class Ledger:
                     rows.append(self._row(sk, ids[i - 1] if i else None, ids[i], seq + len(rows), messages[i], "message", now))
             db.executemany("INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
             db.execute(
-                "UPDATE sessions SET events = events + ?, head = ?, updated = ?, requests = requests + 1 WHERE key = ?",
-                (len(rows), ids[-1], now, sk),
+                "UPDATE sessions SET events = events + ?, head = ?, updated = ?, requests = requests + 1, model = ? WHERE key = ?",
+                (len(rows), ids[-1], now, model, sk),
             )
         return PathSync(ids, len(rows))
 
@@ -324,13 +326,13 @@ class Ledger:
     def session(self, session_key: str) -> SessionRecord | None:
         self.flush()
         row = self._db.execute(
-            "SELECT key, tenant, session_id, created, updated, events, head, requests FROM sessions WHERE key = ?", (session_key,)
+            "SELECT key, tenant, session_id, created, updated, events, head, requests, model FROM sessions WHERE key = ?", (session_key,)
         ).fetchone()
         return _session(row) if row else None
 
     def sessions(self, tenant: str | None = None) -> list[SessionRecord]:
         self.flush()
-        query = "SELECT key, tenant, session_id, created, updated, events, head, requests FROM sessions"
+        query = "SELECT key, tenant, session_id, created, updated, events, head, requests, model FROM sessions"
         rows = (self._db.execute(query + " WHERE tenant = ? ORDER BY updated DESC", (tenant,)) if tenant is not None
                 else self._db.execute(query + " ORDER BY updated DESC")).fetchall()
         return [_session(r) for r in rows]

@@ -96,9 +96,10 @@ async def test_session_list_and_detail_show_checkpoints_and_hidden_events(start_
     assert totals["upstream_tokens"] < totals["client_tokens"] and totals["saved_tokens"] > 0
     assert "not store" in detail["basis"]["system_prompt"]
 
-    # A short session: no checkpoint names its model, nothing is hidden, the client's view goes up.
+    # A short session: its model is the one its newest request used, nothing is hidden.
     status, short = await get(gw, f"/admin/sessions/{rows['short']['key']}")
-    assert status == 200 and "not stored" in short["basis"]["model_source"]
+    assert status == 200 and short["basis"]["model_source"] == "newest request"
+    assert short["basis"]["model"] == rows["short"]["model"] == "fake-32k"
     assert [e["role"] for e in short["events"]] == ["user", "assistant"]
     assert not any(e["hidden"] for e in short["events"]) and short["checkpoints"] == []
     assert short["totals"]["saved_tokens"] == 0
