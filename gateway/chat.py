@@ -130,12 +130,17 @@ class ChatPipeline:
         headers["Content-Length"] = str(length)
         return headers
 
+    def post_chat(self, request: web.Request, body: bytes):
+        """Open the upstream chat completion call carrying the client's headers."""
+        return self.upstream.request(
+            self.upstream.api, "POST", self.upstream.url("/v1/chat/completions"),
+            headers=self.upstream_headers(request, len(body)), data=body,
+        )
+
     async def _relay_json(self, request: web.Request, turn: Turn) -> web.StreamResponse:
         body = turn.view.body(turn.chat)
         t0 = time.perf_counter()
-        async with self.upstream.request(
-            self.upstream.api, "POST", self.upstream.url("/v1/chat/completions"), headers=self.upstream_headers(request, len(body)), data=body
-        ) as up:
+        async with self.post_chat(request, body) as up:
             payload = await up.read()
             turn.timing.waiting(t0)
             headers = response_headers(up.headers, decoded=True)
@@ -153,9 +158,7 @@ class ChatPipeline:
     async def _relay_stream(self, request: web.Request, turn: Turn) -> web.StreamResponse:
         body = turn.view.body(turn.chat)
         t0 = time.perf_counter()
-        async with self.upstream.request(
-            self.upstream.api, "POST", self.upstream.url("/v1/chat/completions"), headers=self.upstream_headers(request, len(body)), data=body
-        ) as up:
+        async with self.post_chat(request, body) as up:
             turn.timing.waiting(t0)
             headers = response_headers(up.headers, decoded=True)
             headers.update(turn.headers)

@@ -118,10 +118,7 @@ class RecallLoop:
             with_recall = turn.recall_rounds < self.max_rounds
             body = self._body(turn, messages, with_recall, stream=False)
             t0 = time.perf_counter()
-            async with pipeline.upstream.request(
-                pipeline.upstream.api, "POST", pipeline.upstream.url("/v1/chat/completions"),
-                headers=pipeline.upstream_headers(request, len(body)), data=body,
-            ) as up:
+            async with pipeline.post_chat(request, body) as up:
                 payload = await up.read()
                 turn.timing.waiting(t0)
                 headers = response_headers(up.headers, decoded=True)
@@ -186,10 +183,7 @@ class RecallLoop:
             with_recall = turn.recall_rounds < self.max_rounds
             body = self._body(turn, messages, with_recall, stream=True)
             t0 = time.perf_counter()
-            async with pipeline.upstream.request(
-                pipeline.upstream.api, "POST", pipeline.upstream.url("/v1/chat/completions"),
-                headers=pipeline.upstream_headers(request, len(body)), data=body,
-            ) as up:
+            async with pipeline.post_chat(request, body) as up:
                 turn.timing.waiting(t0)
                 if up.status != 200 or "text/event-stream" not in up.headers.get("Content-Type", ""):
                     payload = await up.read()
