@@ -1,0 +1,575 @@
+"""Transparent compaction (issue 3): what the provider receives for long sessions on a 32k model.
+
+    .venv/bin/python bench/compaction.py --quick          # < 2 minutes
+    .venv/bin/python bench/compaction.py                  # full run, < 10 minutes on 2 CPUs
+    .venv/bin/python bench/compaction.py --seeds 1,2,3 --rounds 60 --cases 10 --json out.json
+
+Everything talks to the SIMULATED upstream (gateway/puppet.py), in one process (bench/common.py).
+
+1. Synthetic agent sessions (gateway.workloads: ~60 rounds, tool outputs of 300-2,500 tokens,
+   facts planted early), replayed by a client that keeps going after a rejection, once straight
+   to the puppet (``direct``) and once through the gateway, on ``fake-32k``.
+2. LongMemEval-S cases: each haystack (~500 turns, ~100k tokens) flattened into ONE request that
+   ends with the question (a client arriving with a long history), direct and through the gateway;
+   the background summary is then let to catch up and its calls counted.
+3. Gateway time per request on a warm 500-message, ~100k-token session: ``parse_chat_request``
+   + ``path_ids`` + ``Ledger.sync`` + ``ViewBuilder.build`` timed in-process, one new turn per
+   repetition (summary work stubbed out and counted: it is excluded by definition).
+4. Sync compaction with summary calls that take 2 s each (only summary calls are delayed, by a
+   middleware on the puppet): how many requests waited, and for how long.
+
+All token figures are the puppet's own count (``gateway.puppet.count_prompt``, cl100k) of what
+it received, and the client's bodies counted the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (  # noqa: E402
+    MODEL, WINDOW, Bench, Client, Sent, count_prompt, flatten_haystack, fmt, load_cases, machine_note,
+    percentile, prefix_stats, quiet_logs, replay, set_loop_policy,
+)
+from gateway.chat_request import parse_chat_request  # noqa: E402
+from gateway.state import CHECKPOINTS, LEDGER, PIPELINE, SUMMARIZER  # noqa: E402
+from gateway.workloads import TOOL_SPECS, synthetic_session  # noqa: E402
+from store.canonical import path_ids  # noqa: E402
+
+import orjson  # noqa: E402
+
+PURPOSE = "x-palimpsest-purpose"
+
+
+# --- reading what the puppet received -----------------------------------------------------------
+
+
+def completion_budget(body: dict) -> int:
+    return body.get("max_completion_tokens") or body.get("max_tokens") or 0
+
+
+def upstream_figures(bench: Bench) -> dict:
+    """Figures over everything the puppet received since its last reset."""
+    chats = [r for r in bench.puppet.chat_requests() if r.get("json")]
+    forwarded = [r for r in chats if r["headers"].get(PURPOSE, "") != "summary"]
+    summaries = [r for r in chats if r["headers"].get(PURPOSE, "") == "summary"]
+    tokens = [count_prompt(r["json"]) for r in forwarded]
+    over = sum(count_prompt(r["json"]) + completion_budget(r["json"]) > WINDOW for r in chats
+               if r["json"].get("model") == MODEL)
+    calls = bench.puppet.calls
+    fwd_calls = [c for c in calls if c.purpose != "summary"]
+    sum_calls = [c for c in calls if c.purpose == "summary"]
+    cached = sum(((c.usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+                 for c in fwd_calls if c.usage)
+    billed = sum((c.usage or {}).get("prompt_tokens") or 0 for c in fwd_calls if c.usage)
+    summary_tokens = sum(((c.usage or {}).get("prompt_tokens") or 0)
+                         + ((c.usage or {}).get("completion_tokens") or 0) for c in sum_calls)
+    return {
+        "upstream_requests": len(forwarded),
+        "upstream_tokens": sum(tokens),
+        "largest_upstream": max(tokens, default=0),
+        "largest_summary_prompt": max((count_prompt(r["json"]) for r in summaries), default=0),
+        "over_window": over,
+        "rejected": sum(c.status != 200 for c in fwd_calls),
+        "summary_rejected": sum(c.status != 200 for c in sum_calls),
+        "summary_calls": len(summaries),
+        "summary_tokens": summary_tokens,
+        "cached_tokens": cached,
+        "billed_prompt_tokens": billed,
+        "prefix": prefix_stats([r["json"] for r in forwarded]),
+    }
+
+
+def checkpoints_of(bench: Bench, session_id: str) -> int:
+    key = bench.gateway.session_key(session_id) if bench.gateway else None
+    return len(bench.gateway.app[CHECKPOINTS].list(key)) if key else 0
+
+
+# --- 1. synthetic agent sessions ---------------------------------------------------------------
+
+
+async def synthetic(args, mode: str) -> list[dict]:
+    bench = await Bench.start(gateway=mode == "gateway")
+    client = Client(bench.gateway.base_url if bench.gateway else bench.puppet.base_url)
+    rows = []
+    try:
+        for seed in args.seed_list:
+            bench.puppet.reset()
+            session = synthetic_session(seed, rounds=args.rounds)
+            sid = f"bench-compaction-{seed}"
+            started = time.perf_counter()
+            _, sent = await replay(client, session, sid if bench.gateway else None)
+            wall = time.perf_counter() - started
+            settle = await bench.gateway.settle() if bench.gateway else 0.0
+            up = upstream_figures(bench)
+            rows.append({
+                "workload": "synthetic", "mode": mode, "seed": seed, "rounds": args.rounds,
+                "client_requests": len(sent),
+                "client_errors": sum(s.reply.status != 200 for s in sent),
+                "client_tokens": sum(s.client_tokens for s in sent),
+                "p50_s": percentile([s.reply.elapsed for s in sent], 50),
+                "max_s": max(s.reply.elapsed for s in sent),
+                "wall_s": wall, "settle_s": settle,
+                "checkpoints": checkpoints_of(bench, sid),
+                **up,
+            })
+    finally:
+        await client.close()
+        await bench.stop()
+    return rows
+
+
+# --- 2. LongMemEval arrivals -------------------------------------------------------------------
+
+
+async def longmemeval(args, mode: str, cases: list[dict]) -> list[dict]:
+    bench = await Bench.start(gateway=mode == "gateway")
+    client = Client(bench.gateway.base_url if bench.gateway else bench.puppet.base_url)
+    rows = []
+    try:
+        for case in cases:
+            bench.puppet.reset()
+            messages, _ = flatten_haystack(case)
+            messages.append({"role": "user", "content": case["question"]})
+            body = {"model": MODEL, "messages": messages}
+            sid = f"bench-lme-{case['question_id']}"
+            if bench.gateway and args.arrival_prior:
+                # The puppet answers summaries instantly; after one job the gateway would fold
+                # 100k tokens on the request path. Reset its learnt seconds-per-call to its own
+                # prior, as against a provider whose summary calls take seconds.
+                bench.gateway.app[SUMMARIZER]._call_seconds = args.arrival_prior
+            reply = await client.chat(body, sid if bench.gateway else None)
+            settle = await bench.gateway.settle() if bench.gateway else 0.0
+            up = upstream_figures(bench)
+            rows.append({
+                "workload": "longmemeval", "mode": mode, "case": case["question_id"],
+                "client_requests": 1, "client_errors": int(reply.status != 200),
+                "client_tokens": count_prompt(body), "p50_s": reply.elapsed, "max_s": reply.elapsed,
+                "wall_s": reply.elapsed, "settle_s": settle,
+                "checkpoints": checkpoints_of(bench, sid), **up,
+            })
+    finally:
+        await client.close()
+        await bench.stop()
+    return rows
+
+
+def aggregate(rows: list[dict]) -> dict:
+    if not rows:
+        return {}
+    total = lambda k: sum(r[k] for r in rows)  # noqa: E731
+    client, upstream = total("client_tokens"), total("upstream_tokens")
+    saved = client - upstream
+    pairs = sum(r["prefix"]["pairs"] for r in rows) or 1
+    weighted = lambda k: (sum(r["prefix"][k] * r["prefix"]["pairs"] for r in rows if r["prefix"]["pairs"]) / pairs  # noqa: E731
+                          if any(r["prefix"]["pairs"] for r in rows) else float("nan"))
+    return {
+        "workload": rows[0]["workload"], "mode": rows[0]["mode"], "sessions": len(rows),
+        "client_requests": total("client_requests"), "client_errors": total("client_errors"),
+        "upstream_requests": total("upstream_requests"),
+        "client_tokens": client, "upstream_tokens": upstream,
+        "ratio": upstream / client if client else float("nan"),
+        "largest_upstream": max(r["largest_upstream"] for r in rows),
+        "largest_summary_prompt": max(r["largest_summary_prompt"] for r in rows),
+        "over_window": total("over_window"), "rejected": total("rejected"),
+        "summary_rejected": total("summary_rejected"),
+        "prefix_cur": weighted("cur_share"), "prefix_prev": weighted("prev_kept"),
+        "prefix_msgs": weighted("msg_share"),
+        "cached_ratio": (total("cached_tokens") / total("billed_prompt_tokens")
+                         if total("billed_prompt_tokens") else float("nan")),
+        "summary_calls": total("summary_calls"), "summary_tokens": total("summary_tokens"),
+        "saved": saved, "net_saved": saved - total("summary_tokens"),
+        "summary_over_saved": total("summary_tokens") / saved if saved > 0 else float("nan"),
+        "checkpoints": total("checkpoints"),
+        "p50_s": percentile([r["p50_s"] for r in rows], 50), "max_s": max(r["max_s"] for r in rows),
+        "wall_s": total("wall_s"), "settle_s": total("settle_s"),
+    }
+
+
+# --- 3. gateway time per request on a 500-message session ---------------------------------------
+
+
+def big_session(seed: int, rounds: int, min_tokens: int, max_tokens: int) -> list[dict]:
+    """A tool-heavy history of 4 messages per round (user, tool call, tool result, answer)."""
+    session = synthetic_session(seed, rounds=rounds, min_tokens=min_tokens, max_tokens=max_tokens)
+    history = [{"role": "system", "content": session.system}]
+    for r, spec in enumerate(session.rounds):
+        call_id = f"call_big_{r}"
+        history += [
+            {"role": "user", "content": spec["user"]},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": call_id, "type": "function",
+                 "function": {"name": spec["tool"], "arguments": json.dumps(spec["args"])}}]},
+            {"role": "tool", "tool_call_id": call_id, "content": spec["output"]},
+            {"role": "assistant", "content": f"Done with step {r + 1}; the output looks as expected."},
+        ]
+    return history
+
+
+async def gateway_time(args) -> dict:
+    bench = await Bench.start()
+    app = bench.gateway.app
+    client = Client(bench.gateway.base_url)
+    # Sized so that the first timed request carries ~500 messages and ~100k tokens: 4 messages
+    # per round, plus the system prompt, the arrival and warm-up turns (2 messages each).
+    rounds = args.big_rounds or max(1, (500 - 1 - 4 - 2 * args.warmup_reps) // 4)
+    history = big_session(4242, rounds, 250, 1050)
+    sid = "bench-gateway-time"
+    try:
+        # Arrival: the whole history at once (sync budget: goes out tailored, summary catches up).
+        history.append({"role": "user", "content": "Summarise where we are, then continue."})
+        body = {"model": MODEL, "messages": history, "tools": TOOL_SPECS}
+        client_tokens = count_prompt(body)
+        arrival = await client.chat(body, sid)
+        history.append(arrival.message or {"role": "assistant", "content": "ok"})
+        settle = await bench.gateway.settle()
+        # A second request through HTTP on the now-summarised session (warms caches too).
+        history.append({"role": "user", "content": "Next step, please."})
+        warm = await client.chat({"model": MODEL, "messages": history, "tools": TOOL_SPECS}, sid)
+        history.append(warm.message or {"role": "assistant", "content": "ok"})
+        await bench.gateway.settle()
+        ref = bench.session_ref(sid)
+        pipeline = app[PIPELINE]
+        ledger, views = app[LEDGER], pipeline.views
+        summarizer = app[SUMMARIZER]
+        sync_calls = []
+
+        async def no_sync(*a, **k):  # summary work is excluded from this figure by definition
+            sync_calls.append(1)
+            return None
+
+        original_sync = summarizer.sync
+        summarizer.sync = no_sync
+        timings = {"parse": [], "hash": [], "ledger sync": [], "view build": [], "sync+build": [],
+                   "total": []}
+        upstream_tokens = []
+        n_messages = 0
+        try:
+            for rep in range(-args.warmup_reps, args.reps):
+                history.append({"role": "user", "content": f"Turn {rep + 1}: check the {rep % 7}th "
+                                f"worker's retry budget and report the value."})
+                raw = orjson.dumps({"model": MODEL, "messages": history, "tools": TOOL_SPECS})
+                t0 = time.perf_counter()
+                chat = parse_chat_request(raw)
+                t1 = time.perf_counter()
+                ids = path_ids(chat.history)
+                t2 = time.perf_counter()
+                chat.ids = ledger.sync(ref, chat.history, ids).ids
+                if hasattr(ledger, "note_request"):  # as ChatPipeline.handle does, when it does
+                    ledger.note_request(ref)
+                t3 = time.perf_counter()
+                view = await views.build(chat, ref, None)
+                t4 = time.perf_counter()
+                # The answer the client would keep (recorded as the gateway would record it).
+                answer = {"role": "assistant", "content": f"ok: turn {rep + 1}"}
+                ledger.append(ref, chat.ids[-1], answer)
+                history.append(answer)
+                if rep == 0:
+                    first_messages = len(history) - 1  # before this turn's answer
+                    first_tokens = count_prompt({"model": MODEL, "messages": history[:-1], "tools": TOOL_SPECS})
+                if rep >= 0:
+                    timings["parse"].append(t1 - t0)
+                    timings["hash"].append(t2 - t1)
+                    timings["ledger sync"].append(t3 - t2)
+                    timings["view build"].append(t4 - t3)
+                    timings["sync+build"].append(t4 - t1)
+                    timings["total"].append(t4 - t0)
+                    upstream_tokens.append(view.upstream_tokens)
+                    n_messages = len(history) - 1
+        finally:
+            summarizer.sync = original_sync
+        return {
+            "messages_first": first_messages, "tokens_first": first_tokens,
+            "messages": n_messages, "client_tokens": client_tokens,
+            "final_client_tokens": count_prompt({"model": MODEL, "messages": history, "tools": TOOL_SPECS}),
+            "arrival_s": arrival.elapsed, "arrival_status": arrival.status,
+            "arrival_upstream_tokens": int(arrival.headers.get("x-palimpsest-prompt-tokens-upstream", 0)),
+            "warm_http_s": warm.elapsed, "settle_s": settle,
+            "checkpoint": warm.headers.get("x-palimpsest-checkpoint"),
+            "reps": args.reps, "sync_calls_stubbed": len(sync_calls),
+            "view_tokens_p50": percentile(upstream_tokens, 50),
+            **{f"{k}_p50_ms": percentile(v, 50) * 1e3 for k, v in timings.items()},
+            **{f"{k}_p99_ms": percentile(v, 99) * 1e3 for k, v in timings.items()},
+        }
+    finally:
+        await client.close()
+        await bench.stop()
+
+
+# --- 4. sync compaction when each summary call takes 2 s ---------------------------------------
+
+
+async def replay_pasted(client: Client, session, session_id: str) -> list[Sent]:
+    """The same outputs pasted by the user (no tool calls): tool-result compaction cannot shrink
+    them, so only summaries (and tailoring) can keep the prompt in the window."""
+    history = [{"role": "system", "content": session.system}]
+    sent = []
+    for r, spec in enumerate(session.rounds):
+        history.append({"role": "user", "content": f"Step {r + 1}: here is the output of "
+                        f"{spec['tool']} on {spec['args']['target']}:\n{spec['output']}"})
+        body = {"model": MODEL, "messages": history}
+        reply = await client.chat(body, session_id)
+        sent.append(Sent(reply, count_prompt(body), r, "answer"))
+        history.append(reply.message or {"role": "assistant", "content": "(failed)"})
+    return sent
+
+
+SYNC_SCENARIOS = ("tools", "pasted", "pasted-slow", "sync-only")
+
+
+async def sync_wait(args, scenario: str) -> dict:
+    """Policy as shipped (async trigger 0.5, sync 0.7, sync budget 8 s) in every scenario.
+    'tools': the synthetic tool-heavy session; 'pasted': the user pastes the same outputs (no
+    tool results to compact, so only summaries keep the prompt small); 'pasted-slow': the same
+    with every model answer taking `--answer-delay` s (async jobs get time to finish);
+    'sync-only': pasted, with async jobs off, so every checkpoint is made on the request path."""
+    bench = await Bench.start(summary_delay_s=args.summary_delay)
+    if scenario == "pasted-slow":
+        bench.puppet.answer_delay_s = args.answer_delay
+    app = bench.gateway.app
+    summarizer = app[SUMMARIZER]
+    if scenario == "sync-only":
+        summarizer.after_turn = lambda *a, **k: None
+    waits: list[float] = []
+    original = summarizer.sync
+
+    async def timed_sync(*a, **k):
+        started = time.perf_counter()
+        try:
+            return await original(*a, **k)
+        finally:
+            waits.append(time.perf_counter() - started)
+
+    summarizer.sync = timed_sync
+    client = Client(bench.gateway.base_url)
+    sent_all = []
+    started = time.perf_counter()
+    try:
+        for seed in args.sync_seed_list:
+            session = synthetic_session(seed, rounds=args.sync_rounds)
+            if scenario != "tools":
+                sent = await replay_pasted(client, session, f"bench-sync-{scenario}-{seed}")
+            else:
+                _, sent = await replay(client, session, f"bench-sync-{scenario}-{seed}")
+            sent_all += sent
+        wall = time.perf_counter() - started
+        await bench.gateway.settle()
+        waited = [w for w in waits if w >= 0.05]
+        quick = [s.reply.elapsed for s in sent_all]
+        summary_calls = [c for c in bench.puppet.calls if c.purpose == "summary"]
+        return {
+            "scenario": scenario, "summary_delay_s": args.summary_delay,
+            "sessions": len(args.sync_seed_list), "rounds": args.sync_rounds,
+            "requests": len(sent_all), "errors": sum(s.reply.status != 200 for s in sent_all),
+            "sync_entered": len(waits), "waited": len(waited),
+            "gave_up_at_once": sum(1 for w in waits if w < 0.05),
+            "wait_p50_s": percentile(waited, 50), "wait_max_s": max(waited, default=float("nan")),
+            "wait_total_s": sum(waited),
+            "answer_delay_s": bench.puppet.answer_delay_s,
+            "latency_p50_s": percentile(quick, 50), "latency_max_s": max(quick, default=float("nan")),
+            "summary_calls": len(summary_calls), "wall_s": wall,
+            "over_window": sum(count_prompt(r["json"]) + completion_budget(r["json"]) > WINDOW
+                               for r in bench.puppet.chat_requests() if r.get("json")),
+            "rejected": sum(c.status != 200 for c in bench.puppet.calls),
+        }
+    finally:
+        await client.close()
+        await bench.stop()
+
+
+# --- output -------------------------------------------------------------------------------------
+
+
+def render(result: dict) -> str:
+    lines = []
+    agg = result["aggregates"]
+    head = (f"{'workload':<12} {'mode':<8} {'sess':>4} {'req':>5} {'up req':>6} {'client tok':>11} "
+            f"{'upstream tok':>12} {'up/cl':>6} {'largest':>8} {'>win':>5} {'rej':>4} "
+            f"{'prefix':>6} {'kept':>5} {'cached':>6} {'sum calls':>9} {'sum tok':>9} "
+            f"{'sum/saved':>9} {'p50 s':>6} {'max s':>6}")
+    lines += [f"compaction on {MODEL} (window {WINDOW:,}); tokens = puppet's count of what it received",
+              head, "-" * len(head)]
+    for a in agg:
+        lines.append(
+            f"{a['workload']:<12} {a['mode']:<8} {a['sessions']:>4} {a['client_requests']:>5} "
+            f"{a['upstream_requests']:>6} {a['client_tokens']:>11,} {a['upstream_tokens']:>12,} "
+            f"{fmt(a['ratio'], 3):>6} {a['largest_upstream']:>8,} {a['over_window']:>5} "
+            f"{a['rejected']:>4} {fmt(a['prefix_cur'], 3):>6} {fmt(a['prefix_prev'], 3):>5} "
+            f"{fmt(a['cached_ratio'], 3):>6} {a['summary_calls']:>9} {a['summary_tokens']:>9,} "
+            f"{fmt(a['summary_over_saved'], 3):>9} {fmt(a['p50_s'], 3):>6} {fmt(a['max_s'], 2):>6}")
+    lines += [
+        "req: client requests; up req: upstream requests that were not summary calls; >win: "
+        "requests the puppet received over the window (summary calls included); rej: provider "
+        "rejections (non-200) of forwarded requests;",
+        "prefix: mean share of each upstream prompt's tokens equal to the previous prompt's prefix "
+        "(what a prompt cache can serve); kept: mean share of the previous prompt kept as prefix; "
+        "cached: puppet-reported cached_tokens / prompt_tokens (its cache compares with the "
+        "previous request of the model, summary calls included);",
+        "sum calls/tok: summary calls and their prompt+completion tokens (puppet usage); "
+        "sum/saved: summary tokens / (client - upstream tokens).",
+    ]
+    for a in agg:
+        if a["mode"] == "gateway":
+            lines.append(
+                f"  {a['workload']}: saved {a['saved']:,} prompt tokens, net of summaries "
+                f"{a['net_saved']:,}; {a['checkpoints']} checkpoints; largest summary prompt "
+                f"{a['largest_summary_prompt']:,}; client errors {a['client_errors']}; summary "
+                f"rejections {a['summary_rejected']}; wall {fmt(a['wall_s'], 1)} s + "
+                f"{fmt(a['settle_s'], 1)} s of background summary catch-up")
+        else:
+            lines.append(f"  {a['workload']} direct: {a['rejected']} of {a['upstream_requests']} "
+                         f"requests rejected by the provider")
+    if (gt := result.get("gateway_time")):
+        lines += ["", f"gateway time per request on a warm session of {gt['messages_first']} -> "
+                  f"{gt['messages']} messages, {gt['tokens_first']:,} -> {gt['final_client_tokens']:,} "
+                  f"tokens, {gt['reps']} repetitions of one new turn (in-process; upstream and summaries "
+                  "excluded):"]
+        for k in ("parse", "hash", "ledger sync", "view build", "sync+build", "total"):
+            lines.append(f"  {k:<12} p50 {gt[k + '_p50_ms']:7.2f} ms   p99 {gt[k + '_p99_ms']:7.2f} ms")
+        lines.append("  (parse: JSON body -> ChatRequest; hash: path_ids; sync+build = hash + ledger sync "
+                     "+ view build, the issue's figure; total adds the JSON parse)")
+        lines.append(
+            f"  view sent upstream ~{fmt(gt['view_tokens_p50'], 0)} tokens (checkpoint "
+            f"{gt['checkpoint'] or 'none'}); sync-compaction calls stubbed: "
+            f"{gt['sync_calls_stubbed']}; cold arrival of the {gt['client_tokens']:,}-token history "
+            f"over HTTP: {gt['arrival_s']:.2f} s (status {gt['arrival_status']}, "
+            f"{gt['arrival_upstream_tokens']:,} tokens upstream), summary catch-up "
+            f"{gt['settle_s']:.1f} s; next request over HTTP {gt['warm_http_s'] * 1e3:.0f} ms")
+    if result.get("sync_wait"):
+        lines += ["", f"sync compaction with summary calls of {result['sync_wait'][0]['summary_delay_s']:g} s "
+                  "(only summary calls delayed; 'waited' = requests whose sync compaction took >= 50 ms; "
+                  "the client sends its next request as soon as an answer arrives):"]
+        for s in result["sync_wait"]:
+            slow = f" (model answers {s['answer_delay_s']:g} s)" if s["answer_delay_s"] else ""
+            lines.append(
+                f"  {s['scenario']:<11} {s['sessions']} session(s) x {s['rounds']} rounds{slow}: "
+                f"{s['requests']} requests, {s['sync_entered']} entered the sync path, "
+                f"{s['waited']} waited (p50 {fmt(s['wait_p50_s'])} s, max {fmt(s['wait_max_s'])} s, "
+                f"total {fmt(s['wait_total_s'], 1)} s), {s['gave_up_at_once']} went ahead at once "
+                f"(delta too big for the budget); request p50 {fmt(s['latency_p50_s'], 3)} s, max "
+                f"{fmt(s['latency_max_s'])} s; {s['summary_calls']} summary calls; "
+                f"{s['errors']} errors, {s['over_window']} over window, {s['rejected']} rejected")
+    lines += ["", "targets (32k model): " + "; ".join(result["checks"])]
+    lines += [f"note: {n}" for n in result["notes"]]
+    return "\n".join(lines)
+
+
+def checks(result: dict) -> list[str]:
+    out = []
+    gw = [a for a in result["aggregates"] if a["mode"] == "gateway"]
+    syn = next((a for a in gw if a["workload"] == "synthetic"), None)
+    over = sum(a["over_window"] for a in gw)
+    rej = sum(a["rejected"] for a in gw)
+    ok = lambda cond: "OK" if cond else "MISS"  # noqa: E731
+    out.append(f"requests over the window {over} (target 0) {ok(over == 0)}")
+    out.append(f"provider rejections {rej} (target 0) {ok(rej == 0)}")
+    if syn:
+        out.append(f"synthetic upstream/client {syn['ratio']:.3f} (target <= 0.25) {ok(syn['ratio'] <= 0.25)}")
+        out.append(f"synthetic prefix stability {syn['prefix_cur']:.3f} (target >= 0.85) "
+                   f"{ok(syn['prefix_cur'] >= 0.85)}")
+        out.append(f"synthetic summary tokens / saved {syn['summary_over_saved']:.3f} (target <= 0.20) "
+                   f"{ok(syn['summary_over_saved'] <= 0.20)}")
+    lme = next((a for a in gw if a["workload"] == "longmemeval"), None)
+    if lme:
+        out.append(f"LongMemEval upstream/client {lme['ratio']:.3f} (target <= 0.25) {ok(lme['ratio'] <= 0.25)}")
+    if (gt := result.get("gateway_time")):
+        out.append(f"gateway time (ledger sync + projection) p50 {gt['sync+build_p50_ms']:.2f} ms "
+                   f"(target <= 15) {ok(gt['sync+build_p50_ms'] <= 15)}; with JSON parse "
+                   f"{gt['total_p50_ms']:.2f} ms")
+    return out
+
+
+async def run(args) -> dict:
+    quiet_logs()
+    notes = [machine_note()]
+    started = time.perf_counter()
+    rows: list[dict] = []
+    timings = {}
+    for mode in args.mode_list:
+        t = time.perf_counter()
+        rows += await synthetic(args, mode)
+        timings[f"synthetic/{mode}"] = time.perf_counter() - t
+    cases = load_cases(args.cases) if args.cases else []
+    for mode in args.mode_list if cases else ():
+        t = time.perf_counter()
+        rows += await longmemeval(args, mode, cases)
+        timings[f"longmemeval/{mode}"] = time.perf_counter() - t
+    aggregates = []
+    for workload in ("synthetic", "longmemeval"):
+        for mode in args.mode_list:
+            picked = [r for r in rows if r["workload"] == workload and r["mode"] == mode]
+            if picked:
+                aggregates.append(aggregate(picked))
+    result = {"rows": rows, "aggregates": aggregates, "notes": notes}
+    if args.reps:
+        t = time.perf_counter()
+        result["gateway_time"] = await gateway_time(args)
+        timings["gateway_time"] = time.perf_counter() - t
+    if args.sync_scenario_list:
+        result["sync_wait"] = []
+        for scenario in args.sync_scenario_list:
+            t = time.perf_counter()
+            result["sync_wait"].append(await sync_wait(args, scenario))
+            timings[f"sync_wait/{scenario}"] = time.perf_counter() - t
+    result["checks"] = checks(result)
+    notes.append("section times: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items())
+                 + f"; total {time.perf_counter() - started:.0f}s")
+    if cases:
+        notes.append(f"LongMemEval: {len(cases)} cases ({', '.join(c['question_id'] for c in cases[:4])}"
+                     f"{', ...' if len(cases) > 4 else ''}), one request each, question as a plain "
+                     "user message; summary calls are the background catch-up after the response, "
+                     "which a single-request session cannot amortise; "
+                     + (f"summarizer prior reset to {args.arrival_prior:g} s/call before each arrival"
+                        if args.arrival_prior else "summarizer estimate as learnt (arrivals may be "
+                        "summarised synchronously)"))
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small run, < 2 minutes")
+    parser.add_argument("--seeds", default=None, help="synthetic session seeds (default 1,2,3,4)")
+    parser.add_argument("--rounds", type=int, default=60, help="rounds per synthetic session")
+    parser.add_argument("--cases", type=int, default=None, help="LongMemEval cases (default 20; 0 = none)")
+    parser.add_argument("--modes", default="direct,gateway")
+    parser.add_argument("--arrival-prior", type=float, default=3.0,
+                        help="seconds per summary call the gateway assumes before each LongMemEval "
+                        "arrival (its own prior); 0 = keep what it learnt from the instant puppet")
+    parser.add_argument("--reps", type=int, default=None, help="gateway-time repetitions (default 50; 0 = skip)")
+    parser.add_argument("--warmup-reps", type=int, default=5)
+    parser.add_argument("--big-rounds", type=int, default=0,
+                        help="rounds of the gateway-time session (4 messages each; 0 = sized to 500 messages)")
+    parser.add_argument("--summary-delay", type=float, default=2.0, help="seconds per summary call (sync wait)")
+    parser.add_argument("--sync-scenarios", default=None,
+                        help=f"comma-separated of {','.join(SYNC_SCENARIOS)} (default all; 'none' = skip)")
+    parser.add_argument("--answer-delay", type=float, default=1.0,
+                        help="seconds per model answer in the pasted-slow scenario")
+    parser.add_argument("--sync-seeds", default=None, help="seeds of the sync-wait sessions (default 11)")
+    parser.add_argument("--sync-rounds", type=int, default=None, help="rounds of the sync-wait sessions (default 60)")
+    parser.add_argument("--json", type=Path, help="also write every figure to this file")
+    args = parser.parse_args(argv)
+    q = args.quick
+    args.seed_list = [int(s) for s in (args.seeds or ("1,2" if q else "1,2,3,4")).split(",") if s]
+    args.cases = args.cases if args.cases is not None else (3 if q else 20)
+    args.reps = args.reps if args.reps is not None else (20 if q else 50)
+    args.mode_list = [m.strip() for m in args.modes.split(",") if m.strip()]
+    scen = args.sync_scenarios or ("pasted" if q else ",".join(SYNC_SCENARIOS))
+    args.sync_scenario_list = [] if scen == "none" else [s.strip() for s in scen.split(",") if s.strip()]
+    args.sync_seed_list = [int(s) for s in (args.sync_seeds or "11").split(",") if s]
+    args.sync_rounds = args.sync_rounds or (30 if q else 60)
+    set_loop_policy()
+    result = asyncio.run(run(args))
+    print(render(result))
+    if args.json:
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, **result},
+                                        indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
