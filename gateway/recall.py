@@ -92,6 +92,18 @@ class RecallLoop:
             pass  # the recall still answers; the audit trail is best effort
         return results
 
+    def _fit(self, turn, messages: list[dict]) -> list[dict]:
+        """The grown view, fitted to the window again: recall results must never push a
+        request over it. When nothing can make them fit, recall stops and the model answers
+        from the view it had."""
+        views = self.pipeline.views
+        tools = turn.view.tools if turn.recall_rounds < self.max_rounds else turn.chat.body.get("tools")
+        fitted = views.refit(turn.chat, messages, tools, turn.view.budget)
+        if fitted is None:
+            turn.recall_rounds = self.max_rounds
+            return list(turn.view.messages)
+        return fitted
+
     def _count_overhead(self, turn, usage: dict | None) -> None:
         """Every upstream call of a turn after the first exists because of recall: its tokens
         are the gateway's cost, set against the tokens it saved."""
@@ -136,8 +148,8 @@ class RecallLoop:
             if recall and not client and with_recall:
                 assistant = {"role": "assistant", "content": message.get("content"), "tool_calls": recall}
                 results = await self._execute(turn, assistant, recall)
-                messages += [assistant, *results]
                 turn.recall_rounds += 1
+                messages = self._fit(turn, [*messages, assistant, *results])
                 continue
             for choice in data.get("choices") or ():
                 msg = choice.get("message") or {}
@@ -239,8 +251,8 @@ class RecallLoop:
             if recall and not client and with_recall:
                 assistant = {"role": "assistant", "content": assembler.message().get("content"), "tool_calls": recall}
                 results = await self._execute(turn, assistant, recall)
-                messages += [assistant, *results]
                 turn.recall_rounds += 1
+                messages = self._fit(turn, [*messages, assistant, *results])
                 continue
             if finish == "tool_calls" and not client_calls:
                 finish = "stop"

@@ -136,6 +136,21 @@ class ViewBuilder:
             self.metrics.compaction_replacements.labels("truncate").inc(projection.truncated)
         return view
 
+    def refit(self, chat: ChatRequest, messages: list[dict], tools: list[dict] | None, budget: int) -> list[dict] | None:
+        """`messages` fitted to `budget` again (the recall loop grows the view each round);
+        None when even tailoring cannot make them fit."""
+        fixed = self.counter.count_tools(tools)
+        if self.calibration.scale(chat.model, self.counter.count_messages(messages) + fixed) <= budget:
+            return messages
+        raw_budget = int(budget / self.calibration.factor(chat.model))
+        try:
+            fitted, stats = tailor(messages, raw_budget, self.counter, fixed_tokens=fixed)
+        except ContextOverflow:
+            return None
+        self.metrics.tailoring_drops.labels("dropped").inc(stats.dropped_messages)
+        self.metrics.tailoring_drops.labels("truncated").inc(stats.truncated_messages)
+        return fitted
+
     # -- the pure steps, wired ---------------------------------------------------------------
 
     def _project(self, chat: ChatRequest, policy: Policy, found, *, state_only: bool = False) -> Projection:

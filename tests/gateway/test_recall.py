@@ -211,3 +211,23 @@ async def test_reindex_reproduces_the_index(start_gateway, upstream, tmp_path):
     # Same rows; BM25 statistics of a freshly built index differ slightly from an
     # incrementally grown one, so only the best hit must agree.
     assert after["results"][0]["event_id"] == before["results"][0]["event_id"]
+
+
+async def test_recall_rounds_never_push_a_request_over_the_window(start_gateway, upstream):
+    from gateway.puppet import count_prompt
+
+    # A tiny reserve: the tailored view fills the window, so recall results must be fitted.
+    gw = await start_gateway(policy={"sync_budget_s": 0.2, "reserve_tokens": 16})
+    s = synthetic_session(seed=19, rounds=30)
+    history = [{"role": "user", "content": "Remember: the staging deploy id is DEP-58213."}, {"role": "assistant", "content": "noted"}]
+    for spec in s.rounds:
+        history += [{"role": "user", "content": "log:\n" + spec["output"]}, {"role": "assistant", "content": "seen"}]
+    n_before = len(upstream.chat_requests())
+    r = await client(gw, "tight").chat.completions.create(
+        model="fake-8k", messages=history + [{"role": "user", "content": "RECALL: What is the staging deploy id?"}], max_tokens=200
+    )
+    assert r.choices[0].message.content.startswith("ANSWER")
+    turn = [q["json"] for q in upstream.chat_requests()[n_before:] if not q["headers"].get("x-palimpsest-purpose")]
+    assert len(turn) == 3
+    for body in turn:
+        assert count_prompt(body) + 200 <= 8_000
