@@ -78,13 +78,14 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     checkpoints = DiskCheckpoints(settings.store.path, synchronous=settings.store.sync)
     counter, calibration = TokenCounter(), Calibration()
     metrics = app[METRICS]
+    windows = Windows({k: v.context_window for k, v in settings.models.items()}, upstream)
     summarizer = Summarizer(
         upstream=upstream, checkpoints=checkpoints, counter=counter, metrics=metrics,
-        workers=settings.summary.workers, queue_size=settings.summary.queue_size,
+        workers=settings.summary.workers, queue_size=settings.summary.queue_size, windows=windows,
     )
     await summarizer.start()
     views = ViewBuilder(
-        settings=settings, windows=Windows({k: v.context_window for k, v in settings.models.items()}, upstream),
+        settings=settings, windows=windows,
         counter=counter, calibration=calibration, checkpoints=checkpoints, metrics=metrics, summarizer=summarizer,
     )
     app[UPSTREAM] = upstream

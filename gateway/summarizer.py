@@ -37,6 +37,8 @@ from store.checkpoints import Checkpoint
 from store.ledger import SessionRef
 
 log = logging.getLogger("palimpsest.summary")
+# Tokens a summary request needs besides the transcript: instruction, previous summary, values.
+SUMMARY_PROMPT_ROOM = 4000
 VALIDATED_VALUES = 12
 
 
@@ -56,11 +58,14 @@ class SummaryJob:
     auth: str | None  # the client's Authorization, in memory only, for upstreams that need it
     parent_view: list[dict] | None = None  # for cache-safe forking
     mode: str = "async"
+    budget: int = 0  # the request model's prompt budget: scales the raw tail kept after the boundary
 
 
 class Summarizer:
-    def __init__(self, *, upstream: Upstream, checkpoints, counter: TokenCounter, metrics, workers: int, queue_size: int) -> None:
+    def __init__(self, *, upstream: Upstream, checkpoints, counter: TokenCounter, metrics, workers: int, queue_size: int,
+                 windows=None) -> None:
         self.upstream = upstream
+        self.windows = windows
         self.checkpoints = checkpoints
         self.counter = counter
         self.metrics = metrics
@@ -108,7 +113,7 @@ class Summarizer:
             return
         job = SummaryJob(
             turn.ref, turn.chat.model, policy, [*turn.chat.history, answer_event.message], [*turn.chat.ids, answer_event.id],
-            turn.auth, view.messages,
+            turn.auth, view.messages, budget=view.budget,
         )
         try:
             self._queue.put_nowait(job)
@@ -119,12 +124,12 @@ class Summarizer:
         self.metrics.summary_enqueued.labels("async").inc()
         self.metrics.summary_queue_depth.set(self._queue.qsize())
 
-    async def sync(self, ref: SessionRef, chat, policy: Policy, auth: str | None, *, deadline: float) -> Checkpoint | None:
+    async def sync(self, ref: SessionRef, chat, policy: Policy, auth: str | None, *, deadline: float, budget: int) -> Checkpoint | None:
         """Join the session's running job or start one; wait until `deadline` at most."""
         task = self._running.get(ref.key)
         if task is None:
-            job = SummaryJob(ref, chat.model, policy, chat.history, chat.ids, auth, None, "sync")
-            chunks = self._plan(job)
+            job = SummaryJob(ref, chat.model, policy, chat.history, chat.ids, auth, None, "sync", budget)
+            chunks = await self._plan(job)
             if chunks is None:
                 return None
             self.metrics.summary_enqueued.labels("sync").inc()
@@ -186,20 +191,29 @@ class Summarizer:
             self.metrics.summary_seconds.labels(job.mode).observe(time.perf_counter() - started)
         return cp
 
-    def _plan(self, job: SummaryJob) -> int | None:
+    async def _plan(self, job: SummaryJob) -> int | None:
         """Number of summary calls the job needs, or None when there is nothing to cover."""
         bounds = self._bounds(job)
         if bounds is None:
             return None
         start, end, _ = bounds
-        return len(chunk_messages(job.history[start:end], job.policy.summary_chunk_tokens, self.counter))
+        return len(chunk_messages(job.history[start:end], await self._chunk_tokens(job), self.counter))
+
+    async def _chunk_tokens(self, job: SummaryJob) -> int:
+        """Transcript tokens per summary call: the policy's, but never more than the summary
+        model's window holds next to the prompt, the previous summary and the answer."""
+        policy = job.policy
+        window = await self.windows.window(policy.summary_model or job.model, job.auth) if self.windows else 10**9
+        room = window - 2 * policy.summary_max_words - SUMMARY_PROMPT_ROOM
+        return max(1000, min(policy.summary_chunk_tokens, room))
 
     def _bounds(self, job: SummaryJob) -> tuple[int, int, Checkpoint | None] | None:
         positions = {eid: i for i, eid in enumerate(job.ids)}
         found = self.checkpoints.newest_on_path(job.ref.key, positions)
         previous, pos = found if found else (None, -1)
         start = pos + 1
-        cut = choose_boundary(job.history[start:], self.counter, job.policy, keys=job.ids[start:])
+        policy = job.policy.for_budget(job.budget) if job.budget else job.policy
+        cut = choose_boundary(job.history[start:], self.counter, policy, keys=job.ids[start:])
         if not cut:
             return None
         return start, start + cut, previous
@@ -214,7 +228,7 @@ class Summarizer:
         delta_state = extract_exact_values(delta)
         state = merge_state(previous.state if previous else None, delta_state)
         summary = previous.summary if previous else None
-        chunks = chunk_messages(delta, policy.summary_chunk_tokens, self.counter)
+        chunks = chunk_messages(delta, await self._chunk_tokens(job), self.counter)
         for chunk in chunks:
             # The summary is asked to keep the chunk's own values (the structured state carries
             # every value of the session beside it anyway), and validation checks the first few

@@ -114,7 +114,7 @@ class ViewBuilder:
         projection = self._project(chat, policy, found)
         if projection.tokens > policy.sync_compaction_ratio * budget and self.summarizer is not None:
             started = time.perf_counter()
-            checkpoint = await self.summarizer.sync(ref, chat, policy, auth, deadline=started + policy.sync_budget_s)
+            checkpoint = await self.summarizer.sync(ref, chat, policy, auth, deadline=started + policy.sync_budget_s, budget=budget)
             self.metrics.sync_wait_seconds.observe(time.perf_counter() - started)
             if checkpoint is not None:
                 found = self.checkpoints.newest_on_path(ref.key, positions)
@@ -122,7 +122,7 @@ class ViewBuilder:
             if projection.tokens > policy.sync_compaction_ratio * budget:
                 # Out of time (or the summary failed): go ahead with the deterministic state
                 # of everything the summary has not covered yet; tailoring and recall do the rest.
-                projection = self._project(chat, policy, found, state_only=True)
+                projection = self._project(chat, policy, found, state_only=True, budget=budget)
         projection = self._fit(chat, policy, projection, budget)
         view.messages = projection.messages
         view.tools = projection.tools
@@ -153,7 +153,7 @@ class ViewBuilder:
 
     # -- the pure steps, wired ---------------------------------------------------------------
 
-    def _project(self, chat: ChatRequest, policy: Policy, found, *, state_only: bool = False) -> Projection:
+    def _project(self, chat: ChatRequest, policy: Policy, found, *, state_only: bool = False, budget: int = 0) -> Projection:
         checkpoint, pos = found if found else (None, -1)
         start = pos + 1
         tail, tail_ids = chat.history[start:], chat.ids[start:]
@@ -167,7 +167,7 @@ class ViewBuilder:
         if state_only:
             # What a summary would cover but none does yet: its exact values ride along, so they
             # survive the tailoring that follows.
-            end = choose_boundary(tail, self.counter, policy, keys=tail_ids) or 0
+            end = choose_boundary(tail, self.counter, policy.for_budget(budget), keys=tail_ids) or 0
             state = merge_state(state, extract_exact_values(tail[:end]))
         block = render_summary_block(summary, state) if (checkpoint or state_only) else None
         tools = chat.body.get("tools")

@@ -56,6 +56,11 @@ class Policy(BaseModel):
     keep_recent_tokens: int = Field(
         8000, ge=0, description="Cap on the raw tail's tokens; fewer rounds stay raw above it, but the last round always does."
     )
+    keep_recent_share: float = Field(
+        0.15, gt=0, le=1,
+        description="The raw tail's cap as a share of the budget too (the smaller wins): after a summary the view must "
+        "fall well below the trigger, or summaries (and prompt-cache misses) follow every few turns on small windows.",
+    )
     summary_trigger_ratio: float = Field(
         0.5, description="Share of the context window at which an asynchronous summary job is enqueued after the response."
     )
@@ -143,6 +148,11 @@ class Policy(BaseModel):
                 f"'summary_trigger_ratio' {self.summary_trigger_ratio!r}. It must be >= the async trigger."
             )
         return self
+
+    def for_budget(self, budget: int) -> Policy:
+        """This policy with the raw-tail cap scaled to a window's budget."""
+        cap = min(self.keep_recent_tokens, int(self.keep_recent_share * budget))
+        return self if cap == self.keep_recent_tokens else self.model_copy(update={"keep_recent_tokens": cap})
 
     def tool_rule(self, tool_name: str) -> ToolRule | None:
         """The first rule whose glob matches ``tool_name`` (insertion order), else None."""
