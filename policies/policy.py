@@ -77,7 +77,7 @@ class Policy(BaseModel):
         300, ge=0, description="Tool results smaller than this stay verbatim: a placeholder would save too little."
     )
     compact_batch_rounds: int = Field(
-        4,
+        8,
         ge=1,
         description="The compaction frontier advances this many rounds at a time, so the prompt prefix "
         "(and the provider's prompt cache) changes rarely.",

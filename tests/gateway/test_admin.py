@@ -58,7 +58,7 @@ async def test_wrong_or_missing_token_is_401(start_gateway):
 
 
 async def test_session_list_and_detail_show_checkpoints_and_hidden_events(start_gateway, upstream):
-    gw = await start_gateway(server={"admin_token": TOKEN}, policy={"keep_recent_share": 1.0})  # a long raw tail: placeholders after the boundary
+    gw = await start_gateway(server={"admin_token": TOKEN}, policy={"keep_recent_share": 1.0, "compact_batch_rounds": 4})  # a long raw tail: placeholders after the boundary
     await client(gw, "short").chat.completions.create(model="fake-32k", messages=[{"role": "user", "content": "hi"}])
     _, history, raw, record = await long_session(gw)
 

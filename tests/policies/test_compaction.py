@@ -43,26 +43,26 @@ def test_old_large_results_become_placeholders(counter):
 def test_inputs_are_not_mutated(counter):
     msgs = session(8)
     snapshot = [dict(m) for m in msgs]
-    out, _ = compact_tool_results(msgs, ids_for(msgs), Policy(), counter)
+    out, _ = compact_tool_results(msgs, ids_for(msgs), Policy(compact_batch_rounds=4), counter)
     assert msgs == snapshot and out is not msgs
 
 
 def test_small_results_stay(counter):
     msgs = session(8, result_words=30)
-    out, stats = compact_tool_results(msgs, ids_for(msgs), Policy(compact_min_tokens=300), counter)
+    out, stats = compact_tool_results(msgs, ids_for(msgs), Policy(compact_batch_rounds=4, compact_min_tokens=300), counter)
     assert stats.replaced == 0 and out == msgs
 
 
 def test_load_tool_name_is_used(counter):
     msgs = session(8)
-    out, _ = compact_tool_results(msgs, ids_for(msgs), Policy(), counter, load_tool="palimpsest_session_load")
+    out, _ = compact_tool_results(msgs, ids_for(msgs), Policy(compact_batch_rounds=4), counter, load_tool="palimpsest_session_load")
     assert "palimpsest_session_load" in out[tool_indices(msgs)[0]]["content"]
 
 
 def test_results_without_event_id_are_not_placeholdered(counter):
     msgs = session(8)
     ids = [None] * len(msgs)
-    out, stats = compact_tool_results(msgs, ids, Policy(), counter)
+    out, stats = compact_tool_results(msgs, ids, Policy(compact_batch_rounds=4), counter)
     assert stats.replaced == 0 and out == msgs
 
 
@@ -71,7 +71,7 @@ def test_tool_rules(counter):
     for r in range(8):
         msgs += agent_round(r, tool_name="keep_me" if r == 0 else "clean_me" if r == 1 else "cut_me" if r == 2 else "other",
                             result_words=600 if r != 1 else 20)
-    policy = Policy(tool_rules={"keep_*": {"action": "keep"}, "clean_*": {"action": "clean"},
+    policy = Policy(compact_batch_rounds=4, tool_rules={"keep_*": {"action": "keep"}, "clean_*": {"action": "clean"},
                                 "cut_*": {"action": "truncate", "head_tokens": 20, "tail_tokens": 10}})
     ids = ids_for(msgs)
     out, stats = compact_tool_results(msgs, ids, policy, counter)
@@ -89,7 +89,7 @@ def test_huge_result_in_protected_round_is_truncated(counter):
     msgs = session(2, result_words=300) + [user("go"), assistant(None, [("big", "dump", {})]),
                                             result("big", payload(12000, seed=9))]
     ids = ids_for(msgs)
-    policy = Policy(max_result_tokens=1000)
+    policy = Policy(compact_batch_rounds=4, max_result_tokens=1000)
     out, stats = compact_tool_results(msgs, ids, policy, counter)
     text = out[-1]["content"]
     assert counter.count_text(text) < 1100
@@ -100,7 +100,7 @@ def test_huge_result_in_protected_round_is_truncated(counter):
 
 def test_keep_rule_wins_over_max_result(counter):
     msgs = [user("go"), assistant(None, [("big", "dump", {})]), result("big", payload(3000))]
-    policy = Policy(max_result_tokens=500, tool_rules={"dump": {"action": "keep"}})
+    policy = Policy(compact_batch_rounds=4, max_result_tokens=500, tool_rules={"dump": {"action": "keep"}})
     out, stats = compact_tool_results(msgs, ids_for(msgs), policy, counter)
     assert out == msgs and stats.truncated == 0
 
@@ -109,13 +109,13 @@ def test_multimodal_tool_content_is_handled(counter):
     msgs = session(8)
     first = tool_indices(msgs)[0]
     msgs[first] = {**msgs[first], "content": [{"type": "text", "text": payload(600)}]}
-    out, _ = compact_tool_results(msgs, ids_for(msgs), Policy(), counter)
+    out, _ = compact_tool_results(msgs, ids_for(msgs), Policy(compact_batch_rounds=4), counter)
     assert "succeeded" in out[first]["content"]
 
 
 def test_event_ids_must_be_parallel(counter):
     with pytest.raises(ValueError, match="event_ids"):
-        compact_tool_results(session(2), ["a"], Policy(), counter)
+        compact_tool_results(session(2), ["a"], Policy(compact_batch_rounds=4), counter)
 
 
 def test_growing_conversation_keeps_prefix_stable(counter):
