@@ -269,13 +269,9 @@ class Gateway:
                 return record.key
         return None
 
-    def index(self):
-        """The recall search index (store.index.SearchIndex), wherever the app keeps it."""
-        from gateway import state
-
-        if hasattr(state, "INDEX") and state.INDEX in self.app:
-            return self.app[state.INDEX]
-        return self.app[INDEXER].index
+    async def index(self):
+        """The recall search index (store.index.SearchIndex), opened if need be."""
+        return await self.app[INDEXER].opened()
 
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
         """Sum of the samples of metric `name` (optionally filtered by labels)."""

@@ -172,7 +172,7 @@ async def lme_case(bench: Bench, client: Client, case: dict, *, stream: bool, st
     ranks = None
     if key:
         haystack = set(ids[:-1])
-        hits = await bench.gateway.app[INDEXER].index.search(key, case["question"], limit=14)
+        hits = await (await bench.gateway.app[INDEXER].opened()).search(key, case["question"], limit=14)
         hits = [h for h in hits if h.event_id in haystack][:10]
         ranks = next((i + 1 for i, h in enumerate(hits) if h.event_id in ev_ids), None)
     hidden_top5 = any(e in ev_ids for res in trace["search_results"] for e in res[:5])
@@ -324,7 +324,7 @@ async def planted(args, tool_times: dict) -> list[dict]:
                     if not error and not (reply.message or {}).get("content", "").startswith("ANSWER:"):
                         error = "no ANSWER"
                     path = set(path_ids([m for m in history if m["role"] != "system"]))
-                    hits = await bench.gateway.app[INDEXER].index.search(key, question, limit=14)
+                    hits = await (await bench.gateway.app[INDEXER].opened()).search(key, question, limit=14)
                     hits = [h for h in hits if h.event_id in path][:10]
                     rank = next((i + 1 for i, h in enumerate(hits) if ledger.get(key, h.event_id)
                                  and fact.answer in (ledger.get(key, h.event_id).message.get("content") or "")), None)

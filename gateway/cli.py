@@ -69,7 +69,7 @@ async def reindex_all(settings: Settings) -> int:
         await upstream.start()
     indexer = Indexer(ledger, lambda: open_index(settings, upstream))
     try:
-        await indexer.index.reset()
+        await (await indexer.opened()).reset()
         sessions = ledger.sessions()
         chunks = 0
         for record in sessions:

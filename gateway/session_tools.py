@@ -56,26 +56,31 @@ class Indexer:
         self.ledger = ledger
         self._open_index = open_index
         self._index: "SearchIndex | None" = None
+        self._open_lock = asyncio.Lock()
         self._locks: dict[str, asyncio.Lock] = {}
         self._pending: dict[str, asyncio.Task] = {}
 
-    @property
-    def index(self) -> "SearchIndex":
+    async def opened(self) -> "SearchIndex":
+        """The index, opened on first call in a worker thread: importing LanceDB takes ~2 s
+        of CPU that must not freeze the event loop (and every request on it)."""
         if self._index is None:
-            self._index = self._open_index()
+            async with self._open_lock:
+                if self._index is None:
+                    self._index = await asyncio.to_thread(self._open_index)
         return self._index
 
     async def catch_up(self, session_key: str) -> int:
         from store.index import IndexedEvent
 
         lock = self._locks.setdefault(session_key, asyncio.Lock())
+        index = await self.opened()
         async with lock:
-            seq = self.index.indexed_seq(session_key)
+            seq = index.indexed_seq(session_key)
             events = [e for e in self.ledger.since(session_key, seq) if e.kind == "message"]
             if not events:
                 return 0
             batch = [IndexedEvent(e.id, e.seq, e.role, e.created, event_text(e)) for e in events]
-            return await self.index.add(session_key, batch)
+            return await index.add(session_key, batch)
 
     def schedule(self, session_key: str) -> None:
         if session_key in self._pending:
@@ -140,7 +145,8 @@ class RecallTools:
         scope = args.get("scope", "hidden")
         await self.indexer.catch_up(session_key)
         exclude = frozenset() if scope == "session" else frozenset(i for i in path_ids if i not in hidden)
-        hits = await self.indexer.index.search(session_key, query, limit=limit, exclude_event_ids=exclude)
+        index = await self.indexer.opened()
+        hits = await index.search(session_key, query, limit=limit, exclude_event_ids=exclude)
         self.metrics.recall_hits.observe(len(hits))
         return {
             "results": [

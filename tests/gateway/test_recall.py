@@ -196,7 +196,7 @@ async def test_reindex_reproduces_the_index(start_gateway, upstream, tmp_path):
     key = ledger.sessions()[0].key
     call = {"id": "q", "type": "function", "function": {"name": "session_search", "arguments": json.dumps({"query": s.facts[0].question, "scope": "session"})}}
     before = orjson.loads(await gw.app[PIPELINE].recall.tools.run(call, kind="search", session_key=key, path_ids=[], hidden=frozenset()))
-    rows_before = await gw.app[INDEXER].index.chunk_keys(key)
+    rows_before = await (await gw.app[INDEXER].opened()).chunk_keys(key)
     assert len(rows_before) > len(history) // 2
     settings = gw.settings
     await gw.stop()
@@ -207,7 +207,7 @@ async def test_reindex_reproduces_the_index(start_gateway, upstream, tmp_path):
     assert "reindexed 1 sessions" in out.stdout
     gw2 = await start_gateway()
     after = orjson.loads(await gw2.app[PIPELINE].recall.tools.run(call, kind="search", session_key=key, path_ids=[], hidden=frozenset()))
-    assert await gw2.app[INDEXER].index.chunk_keys(key) == rows_before
+    assert await (await gw2.app[INDEXER].opened()).chunk_keys(key) == rows_before
     # Same rows; BM25 statistics of a freshly built index differ slightly from an
     # incrementally grown one, so only the best hit must agree.
     assert after["results"][0]["event_id"] == before["results"][0]["event_id"]
