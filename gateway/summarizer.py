@@ -129,12 +129,12 @@ class Summarizer:
         task = self._running.get(ref.key)
         if task is None:
             job = SummaryJob(ref, chat.model, policy, chat.history, chat.ids, auth, None, "sync", budget)
-            chunks = await self._plan(job)
-            if chunks is None:
+            calls = await self._plan(job)
+            if calls is None:
                 return None
             self.metrics.summary_enqueued.labels("sync").inc()
             task = self._launch(job)
-            if chunks * self._call_seconds > deadline - time.perf_counter():
+            if calls * self._call_seconds > deadline - time.perf_counter():
                 return None  # cannot fold in time: it catches up in the background
         remaining = deadline - time.perf_counter()
         if remaining <= 0:
@@ -192,12 +192,17 @@ class Summarizer:
         return cp
 
     async def _plan(self, job: SummaryJob) -> int | None:
-        """Number of summary calls the job needs, or None when there is nothing to cover."""
+        """Summary call latencies the job needs end to end (parallel parts count once per
+        wave, plus the merge), or None when there is nothing to cover."""
         bounds = self._bounds(job)
         if bounds is None:
             return None
         start, end, _ = bounds
-        return len(chunk_messages(job.history[start:end], await self._chunk_tokens(job), self.counter))
+        chunks = len(chunk_messages(job.history[start:end], await self._chunk_tokens(job), self.counter))
+        parallel = job.policy.summary_parallel
+        if chunks > 1 and parallel > 1:
+            return -(-chunks // parallel) + 1
+        return chunks
 
     async def _chunk_tokens(self, job: SummaryJob) -> int:
         """Transcript tokens per summary call: the policy's, but never more than the summary
@@ -229,17 +234,11 @@ class Summarizer:
         state = merge_state(previous.state if previous else None, delta_state)
         summary = previous.summary if previous else None
         chunks = chunk_messages(delta, await self._chunk_tokens(job), self.counter)
-        for chunk in chunks:
-            # The summary is asked to keep the chunk's own values (the structured state carries
-            # every value of the session beside it anyway), and validation checks the first few
-            # of each kind: a 60-round delta can name hundreds of paths.
-            chunk_state = extract_exact_values(chunk, cap=VALIDATED_VALUES * 4)
-            checked = {kind: values[:VALIDATED_VALUES] for kind, values in chunk_state.items()}
-            if policy.summary_cache_fork and job.parent_view and len(chunks) == 1:
-                messages = render_forked_summary_request(job.parent_view, summary, chunk_state, policy)
-            else:
-                messages = render_summary_request(summary, chunk_state, format_transcript(chunk, policy), policy)
-            summary = await self._summarize(job, messages, checked)
+        if len(chunks) > 1 and policy.summary_parallel > 1:
+            summary = await self._map_reduce(job, summary, chunks, state)
+        else:
+            for chunk in chunks:
+                summary = await self._fold(job, summary, chunk, single=len(chunks) == 1)
         covered_tokens = (previous.covered_tokens if previous else 0) + sum(
             self.counter.count_message(m, k) for m, k in zip(delta, delta_ids)
         )
@@ -255,6 +254,36 @@ class Summarizer:
             self.metrics.summary_compression.observe(summary_tokens / covered_tokens)
         log.info("checkpoint created", extra={"fields": {"session": job.ref.key, "checkpoint": cp.id, "covered_events": end, "mode": job.mode}})
         return cp
+
+    async def _fold(self, job: SummaryJob, summary: str | None, chunk: list[dict], *, single: bool) -> str:
+        """`summary` updated with one chunk of the delta."""
+        policy = job.policy
+        # The summary is asked to keep the chunk's own values (the structured state carries
+        # every value of the session beside it anyway), and validation checks the first few
+        # of each kind: a 60-round delta can name hundreds of paths.
+        chunk_state = extract_exact_values(chunk, cap=VALIDATED_VALUES * 4)
+        checked = {kind: values[:VALIDATED_VALUES] for kind, values in chunk_state.items()}
+        if policy.summary_cache_fork and job.parent_view and single:
+            messages = render_forked_summary_request(job.parent_view, summary, chunk_state, policy)
+        else:
+            messages = render_summary_request(summary, chunk_state, format_transcript(chunk, policy), policy)
+        return await self._summarize(job, messages, checked)
+
+    async def _map_reduce(self, job: SummaryJob, previous: str | None, chunks: list[list[dict]], state: dict) -> str:
+        """Summarise the chunks at once (at most summary_parallel calls in flight), then merge
+        the part summaries into the previous summary with one more call."""
+        gate = asyncio.Semaphore(job.policy.summary_parallel)
+
+        async def part(chunk: list[dict]) -> str:
+            async with gate:
+                return await self._fold(job, None, chunk, single=False)
+
+        parts = await asyncio.gather(*(part(c) for c in chunks))
+        transcript = "\n\n".join(f"[summary of part {i + 1} of {len(parts)}, in order]\n{text}" for i, text in enumerate(parts))
+        checked = {kind: values[:VALIDATED_VALUES] for kind, values in state.items()}
+        merged_state = {kind: values[: VALIDATED_VALUES * 4] for kind, values in state.items()}
+        messages = render_summary_request(previous, merged_state, transcript, job.policy)
+        return await self._summarize(job, messages, checked)
 
     async def _summarize(self, job: SummaryJob, messages: list[dict], chunk_state: dict) -> str:
         problems: list[str] = []

@@ -115,7 +115,7 @@ async def browser(chromium_path, tmp_path):
 
 
 async def test_inspector_page_renders_a_session_timeline(start_gateway, browser, tmp_path):
-    gw = await start_gateway(server={"admin_token": TOKEN}, policy={"keep_recent_share": 1.0, "compact_batch_rounds": 4})  # placeholders after the boundary
+    gw = await start_gateway(server={"admin_token": TOKEN})
     session, history, _, record = await long_session(gw)
     # One recall round, so the timeline has gateway-made side events to show.
     history.append({"role": "user", "content": f"RECALL: {session.facts[0].question}"})
