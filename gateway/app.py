@@ -131,12 +131,17 @@ def open_index(settings: Settings, upstream: Upstream | None):
     return SearchIndex(str(Path(settings.store.path) / "index"), embedder)
 
 
-async def _flush_answers(ledger: Ledger, every_s: float = 0.5) -> None:
-    """Deferred answers reach the disk within `every_s` even when no request comes."""
+async def _flush_answers(ledger: Ledger, every_s: float = 0.5, checkpoint_every: int = 10) -> None:
+    """Deferred answers reach the disk within `every_s` even when no request comes, and the
+    WAL is checkpointed off the event loop every few seconds."""
     log = logging.getLogger("palimpsest.ledger")
+    ticks = 0
     while True:
         await asyncio.sleep(every_s)
+        ticks += 1
         try:
             ledger.flush()
+            if ticks % checkpoint_every == 0:
+                await asyncio.to_thread(ledger.checkpoint)
         except Exception:
-            log.exception("flushing answers failed")
+            log.exception("ledger maintenance failed")

@@ -20,7 +20,9 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 import time
-from dataclasses import dataclass
+from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Protocol
 
@@ -35,11 +37,11 @@ class SessionRef:
 
     tenant: str
     session_id: str
+    key: str = field(init=False, repr=False, compare=False)  # "tenant/hash": the storage key
 
-    @property
-    def key(self) -> str:
+    def __post_init__(self) -> None:
         digest = hashlib.blake2b(self.session_id.encode(), digest_size=10).hexdigest()
-        return f"{self.tenant}/{digest}"
+        object.__setattr__(self, "key", f"{self.tenant}/{digest}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +115,7 @@ CREATE TABLE IF NOT EXISTS sessions (
 CREATE INDEX IF NOT EXISTS sessions_by_tenant ON sessions (tenant, updated);
 """
 _EVENT_COLUMNS = "id, parent, seq, role, message, created, kind"
+SEEN_CACHE = 100_000  # (session, event id) pairs known to exist
 
 
 def _event(row) -> Event:
@@ -134,9 +137,15 @@ class Ledger:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={'FULL' if synchronous == 'full' else 'NORMAL'}")
         self._db.execute("PRAGMA busy_timeout=10000")
+        # No automatic WAL checkpoints on the request path: a checkpoint syncs the database
+        # file, which is what made the slowest requests slow. `checkpoint()` runs them from
+        # a worker thread on its own connection instead.
+        self._db.execute("PRAGMA wal_autocheckpoint=0")
         self._db.executescript(_SCHEMA)
+        self._path = root / "ledger.sqlite3"
         # Upstream answers waiting to be written: (ref, parent, message). See `append`.
         self._pending: list[tuple[SessionRef, str | None, dict]] = []
+        self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -149,32 +158,31 @@ class Ledger:
         if ids is None:
             ids = path_ids(messages)
         db = self._db
-        if not ids or (not self._pending and self._known(sk, ids[-1])):
-            db.execute("UPDATE sessions SET requests = requests + 1, model = ? WHERE key = ?", (model, sk))
+        if not ids:
             return PathSync(ids, 0)
-        if self._pending:
-            with self._transaction():
-                self._write_pending()
+        # One transaction, one commit: the previous turns' deferred answers, then whatever of
+        # this path is new (usually the last message or two: walk back to the newest known).
+        with self._transaction():
+            self._write_pending()
             if self._known(sk, ids[-1]):
                 db.execute("UPDATE sessions SET requests = requests + 1, model = ? WHERE key = ?", (model, sk))
                 return PathSync(ids, 0)
-        # Walk back to the newest known event: usually only the last turn or two are new.
-        first_new = len(ids) - 1
-        while first_new > 0 and not self._known(sk, ids[first_new - 1]):
-            first_new -= 1
-        with self._transaction():
-            self._write_pending()  # the previous turns' answers share this commit
+            first_new = len(ids) - 1
+            while first_new > 0 and not self._known(sk, ids[first_new - 1]):
+                first_new -= 1
             seq, _ = self._open_session(ref)
             now = time.time()
-            rows = []
-            for i in range(first_new, len(ids)):
-                if i > first_new or not self._known(sk, ids[i]):  # re-check: another writer may have won
-                    rows.append(self._row(sk, ids[i - 1] if i else None, ids[i], seq + len(rows), messages[i], "message", now))
-            db.executemany("INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            rows = [
+                self._row(sk, ids[i - 1] if i else None, ids[i], seq + n, messages[i], "message", now)
+                for n, i in enumerate(range(first_new, len(ids)))
+            ]
+            db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
             db.execute(
                 "UPDATE sessions SET events = events + ?, head = ?, updated = ?, requests = requests + 1, model = ? WHERE key = ?",
                 (len(rows), ids[-1], now, model, sk),
             )
+            for row in rows:
+                self._remember((sk, row[1]))
         return PathSync(ids, len(rows))
 
     def append(self, ref: SessionRef, parent: str | None, message: dict, *, defer: bool = False) -> Event:
@@ -210,6 +218,7 @@ class Ledger:
         seq, _ = self._open_session(ref)
         now = time.time()
         self._db.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", self._row(ref.key, parent, eid, seq, message, "message", now))
+        self._remember((ref.key, eid))
         self._db.execute("UPDATE sessions SET events = events + 1, head = ?, updated = ? WHERE key = ?", (eid, now, ref.key))
 
     def add_side_events(self, ref: SessionRef, node: str | None, messages: Iterable[dict]) -> list[Event]:
@@ -232,21 +241,31 @@ class Ledger:
             self._db.execute("UPDATE sessions SET events = events + ?, updated = ? WHERE key = ?", (len(rows), now, ref.key))
         return self.get_many(ref.key, out)
 
+    @contextmanager
     def _transaction(self):
-        db = self._db
-
-        class _Tx:
-            def __enter__(self_inner):
-                db.execute("BEGIN IMMEDIATE")
-
-            def __exit__(self_inner, exc_type, exc, tb):
-                db.execute("ROLLBACK" if exc_type else "COMMIT")
-                return False
-
-        return _Tx()
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     def _known(self, sk: str, eid: str) -> bool:
-        return self._db.execute("SELECT 1 FROM events WHERE session_key = ? AND id = ?", (sk, eid)).fetchone() is not None
+        # Events are never deleted, so "known" can be cached; "unknown" must always be asked
+        # (another process may share the store).
+        key = (sk, eid)
+        if key in self._seen:
+            return True
+        found = self._db.execute("SELECT 1 FROM events WHERE session_key = ? AND id = ?", (sk, eid)).fetchone() is not None
+        if found:
+            self._remember(key)
+        return found
+
+    def _remember(self, key: tuple[str, str]) -> None:
+        self._seen[key] = None
+        if len(self._seen) > SEEN_CACHE:
+            self._seen.popitem(last=False)
 
     def _open_session(self, ref: SessionRef) -> tuple[int, bool]:
         """The session's next seq, creating its record if needed (inside a transaction)."""
@@ -337,6 +356,14 @@ class Ledger:
                 else self._db.execute(query + " ORDER BY updated DESC")).fetchall()
         return [_session(r) for r in rows]
 
+    def checkpoint(self) -> None:
+        """Copy the WAL into the database file (blocking: call it from a worker thread)."""
+        db = sqlite3.connect(str(self._path), timeout=10)
+        try:
+            db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        finally:
+            db.close()
+
     def session_count(self) -> int:
         return self._db.execute("SELECT COUNT(*) FROM sessions").fetchone()[0]
 
@@ -347,4 +374,5 @@ class Ledger:
 
     def close(self) -> None:
         self.flush()
+        self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         self._db.close()
