@@ -96,6 +96,17 @@ def set_loop_policy() -> None:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
+def run_and_report(run, render, args) -> None:
+    """Run a benchmark's `run(args)` on the fast loop, print `render(result)`, and write the
+    result (with the arguments) as JSON when `--json` was given."""
+    set_loop_policy()
+    result = asyncio.run(run(args))
+    print(render(result))
+    if args.json:
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, **result},
+                                        indent=2, default=str))
+
+
 def load_cases(limit: int | None = None, *, skip_abstention: bool = True) -> list[dict]:
     """LongMemEval-S cases, sorted by file name (deterministic); `_abs` (abstention) cases have
     no evidence turn and are skipped by default."""

@@ -25,7 +25,6 @@ it received, and the client's bodies counted the same way.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import time
@@ -35,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
     MODEL, WINDOW, Bench, Client, Sent, count_prompt, flatten_haystack, fmt, load_cases, machine_note,
-    percentile, prefix_stats, quiet_logs, replay, set_loop_policy,
+    percentile, prefix_stats, quiet_logs, replay, run_and_report,
 )
 from gateway.chat_request import parse_chat_request  # noqa: E402
 from gateway.state import CHECKPOINTS, LEDGER, PIPELINE, SUMMARIZER  # noqa: E402
@@ -563,12 +562,7 @@ def main(argv: list[str] | None = None) -> None:
     args.sync_scenario_list = [] if scen == "none" else [s.strip() for s in scen.split(",") if s.strip()]
     args.sync_seed_list = [int(s) for s in (args.sync_seeds or "11").split(",") if s]
     args.sync_rounds = args.sync_rounds or (30 if q else 60)
-    set_loop_policy()
-    result = asyncio.run(run(args))
-    print(render(result))
-    if args.json:
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, **result},
-                                        indent=2, default=str))
+    run_and_report(run, render, args)
 
 
 if __name__ == "__main__":

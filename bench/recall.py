@@ -27,8 +27,6 @@ session_load on the TOP hit only, and answers ``ANSWER: <loaded content>`` (firs
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import sys
 import time
 from pathlib import Path
@@ -39,7 +37,7 @@ import orjson  # noqa: E402
 
 from common import (  # noqa: E402
     MODEL, Bench, Client, answer_text, count_prompt, flatten_haystack, fmt, load_cases,
-    machine_note, percentile, quiet_logs, replay, set_loop_policy,
+    machine_note, percentile, quiet_logs, replay, run_and_report,
 )
 from gateway.state import INDEXER, LEDGER, PIPELINE, SUMMARIZER  # noqa: E402
 from gateway.workloads import TOOL_SPECS, synthetic_session  # noqa: E402
@@ -590,12 +588,7 @@ def main(argv: list[str] | None = None) -> None:
     args.seed_list = [int(s) for s in (args.seeds or ("1" if q else "1,2,3,4")).split(",") if s]
     args.queries = args.queries if args.queries is not None else (60 if q else 200)
     args.arrival_prior = args.arrival_prior or None
-    set_loop_policy()
-    result = asyncio.run(run(args))
-    print(render(result))
-    if args.json:
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, **result},
-                                        indent=2, default=str))
+    run_and_report(run, render, args)
 
 
 if __name__ == "__main__":
