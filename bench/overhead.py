@@ -36,6 +36,9 @@ from pathlib import Path
 
 import aiohttp
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import percentile  # noqa: E402
+
 MODEL = "gpt-bench"
 API_KEY = "sk-bench-not-a-real-key"
 ALL_TARGETS = ("direct", "palimpsest", "litellm", "headroom")
@@ -301,15 +304,6 @@ async def load(target: Target, concurrency: int, seconds: float) -> None:
 
 
 # --- figures -----------------------------------------------------------------------------------
-
-
-def percentile(values: list[float], q: float) -> float:
-    data = sorted(v for v in values if v == v)
-    if not data:
-        return float("nan")
-    k = (len(data) - 1) * q / 100
-    lo, hi = int(k), min(int(k) + 1, len(data) - 1)
-    return data[lo] + (data[hi] - data[lo]) * (k - lo)
 
 
 def figures(target: Target, direct: Target) -> dict:
