@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import logging
 
-from aiohttp import web
 import orjson
+from aiohttp import web
+
+from gateway.state import METRICS
 
 log = logging.getLogger("palimpsest.errors")
 
@@ -92,8 +94,6 @@ async def error_middleware(request: web.Request, handler):
         return await handler(request)
     except GatewayError as exc:
         if isinstance(exc, (UpstreamUnreachable, UpstreamTimeout)):
-            from gateway.state import METRICS
-
             request.app[METRICS].upstream_error(kind="timeout" if isinstance(exc, UpstreamTimeout) else "unreachable")
         return error_response(exc.status, exc.message, exc.type, exc.param, exc.code)
     except web.HTTPException as exc:

@@ -78,6 +78,7 @@ class Projection:
     compacted: int
     truncated: int
     dropped: int = 0
+    raw_tokens: int = 0  # the same estimate before calibration (what calibration learns from)
 
 
 class ViewBuilder:
@@ -130,7 +131,7 @@ class ViewBuilder:
         view.upstream_tokens = projection.tokens
         view.hidden = projection.hidden
         view.checkpoint = projection.checkpoint.id if projection.checkpoint else None
-        view.raw_estimate = self.counter.count_messages(projection.messages) + self.counter.count_tools(projection.tools)
+        view.raw_estimate = projection.raw_tokens
         if projection.compacted or projection.truncated:
             self.metrics.compaction_replacements.labels("placeholder").inc(projection.compacted)
             self.metrics.compaction_replacements.labels("truncate").inc(projection.truncated)
@@ -180,7 +181,7 @@ class ViewBuilder:
         messages = project_view(chat.instructions, compacted, block, policy.injection)
         tokens = self.counter.count_messages(messages) + self.counter.count_tools(tools)
         return Projection(messages, tools, names, self.calibration.scale(chat.model, tokens), frozenset(hidden),
-                          checkpoint, stats.replaced, stats.truncated)
+                          checkpoint, stats.replaced, stats.truncated, raw_tokens=tokens)
 
     def _fit(self, chat: ChatRequest, policy: Policy, projection: Projection, budget: int) -> Projection:
         if projection.tokens <= budget:
@@ -217,7 +218,9 @@ class ViewBuilder:
             if fitted is not None:
                 return Projection(fitted, tools, names, self.calibration.scale(chat.model, more.tokens_after),
                                   frozenset(hidden), projection.checkpoint, projection.compacted,
-                                  projection.truncated, stats.dropped_messages + more.dropped_messages)
+                                  projection.truncated, stats.dropped_messages + more.dropped_messages,
+                                  raw_tokens=more.tokens_after)
         return Projection(messages, projection.tools, projection.recall_names,
                           self.calibration.scale(chat.model, stats.tokens_after), frozenset(hidden),
-                          projection.checkpoint, projection.compacted, projection.truncated, stats.dropped_messages)
+                          projection.checkpoint, projection.compacted, projection.truncated, stats.dropped_messages,
+                          raw_tokens=stats.tokens_after)
