@@ -1,6 +1,6 @@
 """Shared harness of the compaction and recall benchmarks (bench/compaction.py, bench/recall.py).
 
-Everything runs in ONE process on loopback ports: the SIMULATED upstream (``gateway.puppet``,
+Everything runs in ONE process on loopback ports: the SIMULATED upstream (``simulator.puppet``,
 never a real provider) and a real gateway app (``gateway.app.create_app``) served by aiohttp as
 tests/conftest.py does, so the benchmarks can read the puppet's log (``RECEIVED``) and the
 gateway's internals (ledger, index, summarizer) directly.
@@ -38,9 +38,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from gateway.app import create_app  # noqa: E402
-from gateway.puppet import PUPPET_STATE, RECEIVED, count_prompt, create_puppet_app  # noqa: E402
+from simulator.puppet import PUPPET_STATE, RECEIVED, count_prompt, create_puppet_app  # noqa: E402
 from gateway.settings import load_settings  # noqa: E402
-from gateway.state import INDEXER, LEDGER, METRICS, SUMMARIZER  # noqa: E402
+from gateway.keys import INDEXER, LEDGER, METRICS, SUMMARIZER  # noqa: E402
 from store.ledger import SessionRef  # noqa: E402
 
 MODEL = "fake-32k"
@@ -142,7 +142,7 @@ def flatten_haystack(case: dict) -> tuple[list[dict], list[str]]:
 
 
 def _message_keys(messages: list[dict]) -> list[tuple[bytes, int]]:
-    from gateway.puppet import count_message
+    from simulator.puppet import count_message
 
     return [(orjson.dumps(m, option=orjson.OPT_SORT_KEYS), count_message(m)) for m in messages]
 
@@ -457,12 +457,12 @@ class Sent:
 async def replay(client: Client, session, session_id: str | None, *, model: str = MODEL,
                  rounds: int | None = None, history: list[dict] | None = None,
                  tools: list[dict] | None = None) -> tuple[list[dict], list[Sent]]:
-    """Play a gateway.workloads.SyntheticSession as tests/support/agent.py does (2 requests per
+    """Play a simulator.workloads.SyntheticSession as tests/support/agent.py does (2 requests per
     round: the tool call, then the answer after the tool result), but keep going after a
     rejection, as a client that ignores errors would: a rejected first request leaves the user
     turn in the history and the round ends (no tool call came back); a rejected second request
     leaves the tool call and its result without an answer."""
-    from gateway.workloads import TOOL_SPECS
+    from simulator.workloads import TOOL_SPECS
 
     tools = TOOL_SPECS if tools is None else tools
     history = history if history is not None else [{"role": "system", "content": session.system}]

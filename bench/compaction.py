@@ -6,7 +6,7 @@
 
 Everything talks to the SIMULATED upstream (gateway/puppet.py), in one process (bench/common.py).
 
-1. Synthetic agent sessions (gateway.workloads: ~60 rounds, tool outputs of 300-2,500 tokens,
+1. Synthetic agent sessions (simulator.workloads: ~60 rounds, tool outputs of 300-2,500 tokens,
    facts planted early), replayed by a client that keeps going after a rejection, once straight
    to the puppet (``direct``) and once through the gateway, on ``fake-32k``.
 2. LongMemEval-S cases: each haystack (~500 turns, ~100k tokens) flattened into ONE request that
@@ -18,7 +18,7 @@ Everything talks to the SIMULATED upstream (gateway/puppet.py), in one process (
 4. Sync compaction with summary calls that take 2 s each (only summary calls are delayed, by a
    middleware on the puppet): how many requests waited, and for how long.
 
-All token figures are the puppet's own count (``gateway.puppet.count_prompt``, cl100k) of what
+All token figures are the puppet's own count (``simulator.puppet.count_prompt``, cl100k) of what
 it received, and the client's bodies counted the same way.
 """
 
@@ -36,9 +36,9 @@ from common import (  # noqa: E402
     MODEL, WINDOW, Bench, Client, Sent, count_prompt, flatten_haystack, fmt, load_cases, machine_note,
     percentile, prefix_stats, quiet_logs, replay, run_and_report,
 )
-from gateway.chat_request import parse_chat_request  # noqa: E402
-from gateway.state import CHECKPOINTS, LEDGER, PIPELINE, SUMMARIZER  # noqa: E402
-from gateway.workloads import TOOL_SPECS, synthetic_session  # noqa: E402
+from gateway.chat.request import parse_chat_request  # noqa: E402
+from gateway.keys import CHECKPOINTS, LEDGER, PIPELINE, SUMMARIZER  # noqa: E402
+from simulator.workloads import TOOL_SPECS, synthetic_session  # noqa: E402
 from store.canonical import path_ids  # noqa: E402
 
 import orjson  # noqa: E402

@@ -3,7 +3,7 @@
     python bench/overhead.py                       # direct, palimpsest, litellm, headroom
     python bench/overhead.py --targets direct,palimpsest --n 100 --seconds 5 --json out.json
 
-Every target talks to the same SIMULATED upstream (``python -m gateway.puppet``) in its own
+Every target talks to the same SIMULATED upstream (``python -m simulator.puppet``) in its own
 process. Phase 1 sends N short, non-streaming chat requests per target, one at a time and
 interleaved round-robin (the starting target rotates every round), so machine noise hits all
 targets alike; added latency is measured per round against the direct request of that round.
@@ -131,7 +131,7 @@ def venv_version(venv: Path, dist: str) -> str:
 
 def start_puppet(work: Path) -> Target:
     port = free_port()
-    proc = spawn([sys.executable, "-m", "gateway.puppet", "--port", str(port),
+    proc = spawn([sys.executable, "-m", "simulator.puppet", "--port", str(port),
                   "--keep-received", "50"], work / "puppet.log", cwd=REPO)
     return Target("direct", f"http://127.0.0.1:{port}/v1", proc, version="puppet (simulated)")
 

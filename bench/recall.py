@@ -17,7 +17,7 @@ session_load on the TOP hit only, and answers ``ANSWER: <loaded content>`` (firs
     answer's words in the ANSWER text); prompt tokens of the turn's upstream requests vs the full
     context; searches and loads; errors. hit@k of the gateway's own search (whole session, no
     exclusions) shows what a model reading more than the top hit could find.
-(b) Synthetic agent sessions (gateway.workloads) with planted facts: ~60 rounds through the
+(b) Synthetic agent sessions (simulator.workloads) with planted facts: ~60 rounds through the
     gateway, then each fact asked with ``RECALL: <question>`` and ``RECALL: <paraphrase>``, each a
     separate request continuing the same history. Evidence recall = ANSWER contains fact.answer.
 (c) Search latency: ``RecallTools.run`` (the session_search tool as the recall loop runs it) on a
@@ -39,8 +39,8 @@ from common import (  # noqa: E402
     MODEL, Bench, Client, answer_text, count_prompt, flatten_haystack, fmt, load_cases,
     machine_note, percentile, quiet_logs, replay, run_and_report,
 )
-from gateway.state import INDEXER, LEDGER, PIPELINE, SUMMARIZER  # noqa: E402
-from gateway.workloads import TOOL_SPECS, synthetic_session  # noqa: E402
+from gateway.keys import INDEXER, LEDGER, PIPELINE, SUMMARIZER  # noqa: E402
+from simulator.workloads import TOOL_SPECS, synthetic_session  # noqa: E402
 from store.canonical import path_ids  # noqa: E402
 from store.chunking import query_terms  # noqa: E402
 

@@ -9,22 +9,23 @@ from typing import AsyncIterator
 
 from aiohttp import web
 
-from gateway.admin import setup_admin
-from gateway.chat import ChatPipeline, handle_chat
-from gateway.errors import error_middleware
-from gateway.identity import Identity
-from gateway.logs import request_log_middleware
-from gateway.metrics import Metrics
-from gateway.proxy import passthrough
+from gateway.ops.admin import setup_admin
+from gateway.chat.pipeline import ChatPipeline, handle_chat
+from gateway.http.middleware import error_middleware
+from gateway.http.identity import Identity
+from gateway.ops.logs import request_log_middleware
+from gateway.ops.metrics import Metrics
+from gateway.http.proxy import passthrough
 from gateway.settings import Settings
-from gateway.embeddings import RemoteEmbedder
-from gateway.recall import RecallLoop
-from gateway.session_tools import Indexer, RecallTools
-from gateway.state import INDEXER, CHECKPOINTS, COUNTER, IDENTITY, LEDGER, METRICS, PIPELINE, SETTINGS, SUMMARIZER, UPSTREAM
-from gateway.summarizer import Summarizer
-from gateway.upstream import Upstream
-from gateway.views import ViewBuilder
-from gateway.windows import Windows
+from gateway.recall.embeddings import RemoteEmbedder
+from gateway.chat.recall_loop import RecallLoop
+from gateway.jobs.indexer import Indexer
+from gateway.recall.tools import RecallTools
+from gateway.keys import INDEXER, CHECKPOINTS, COUNTER, IDENTITY, LEDGER, METRICS, PIPELINE, SETTINGS, SUMMARIZER, UPSTREAM
+from gateway.jobs.summarizer import Summarizer
+from gateway.http.upstream import Upstream
+from gateway.chat.views import ViewBuilder
+from gateway.chat.windows import Windows
 from policies import Calibration, TokenCounter
 from store.checkpoints import DiskCheckpoints
 from store.ledger import Ledger

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from gateway.app import create_app
-from gateway.puppet import PUPPET_STATE, RECEIVED, create_puppet_app
+from simulator.puppet import PUPPET_STATE, RECEIVED, create_puppet_app
 from gateway.settings import Settings, load_settings
 
 

@@ -10,8 +10,8 @@ import sys
 import aiohttp
 import openai
 
-from gateway.state import CHECKPOINTS, LEDGER, PIPELINE, SUMMARIZER
-from gateway.workloads import TOOL_SPECS, synthetic_session
+from gateway.keys import CHECKPOINTS, LEDGER, PIPELINE, SUMMARIZER
+from simulator.workloads import TOOL_SPECS, synthetic_session
 from store.canonical import stored_form
 from tests.support.agent import drive, settle
 

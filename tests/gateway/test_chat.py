@@ -242,6 +242,6 @@ async def test_request_id_echoed(gateway):
 
 
 def _ledger(gw):
-    from gateway.state import LEDGER
+    from gateway.keys import LEDGER
 
     return gw.app[LEDGER]

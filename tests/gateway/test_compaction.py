@@ -9,9 +9,9 @@ import aiohttp
 import openai
 import pytest
 
-from gateway.puppet import count_prompt
-from gateway.state import CHECKPOINTS, LEDGER, METRICS, SUMMARIZER
-from gateway.workloads import TOOL_SPECS, synthetic_session
+from simulator.puppet import count_prompt
+from gateway.keys import CHECKPOINTS, LEDGER, METRICS, SUMMARIZER
+from simulator.workloads import TOOL_SPECS, synthetic_session
 from policies.rounds import tool_pair_problems
 from tests.support.agent import drive, settle
 

@@ -18,9 +18,9 @@ import aiohttp
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.metrics import MODEL_LABEL_CAP
-from gateway.state import METRICS
-from gateway.workloads import synthetic_session
+from gateway.ops.metrics import MODEL_LABEL_CAP
+from gateway.keys import METRICS
+from simulator.workloads import synthetic_session
 from tests.support.agent import drive
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "palimpsest-dashboard.json"
@@ -124,7 +124,7 @@ def test_dashboard_is_importable_grafana_json():
 
 def test_every_query_names_palimpsest_metrics_with_their_types():
     d = load_dashboard()
-    from gateway.metrics import Metrics
+    from gateway.ops.metrics import Metrics
 
     series = exported_series({f.name: f.type for f in Metrics().registry.collect()})
     for title, expr in panel_queries(d):

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gateway.workloads import synthetic_session
+from simulator.workloads import synthetic_session
 
 ROW = re.compile(r"^ *(\d+) +([\d,]+) +([\d,]+) +(\d+)% *(.*)$", re.M)
 

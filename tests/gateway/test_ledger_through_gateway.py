@@ -7,7 +7,7 @@ import asyncio
 
 import openai
 
-from gateway.state import LEDGER
+from gateway.keys import LEDGER
 from store.canonical import path_ids
 
 

@@ -24,8 +24,8 @@ import aiohttp
 import openai
 import pytest
 
-from gateway.state import METRICS
-from gateway.workloads import synthetic_session
+from gateway.keys import METRICS
+from simulator.workloads import synthetic_session
 from tests.gateway.test_dashboard import load_dashboard, panel_queries
 from tests.support.agent import drive
 

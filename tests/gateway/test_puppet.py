@@ -18,7 +18,7 @@ import openai
 import pytest
 import tiktoken
 
-from gateway.puppet import PUPPET_STATE, RECEIVED, start_puppet
+from simulator.puppet import PUPPET_STATE, RECEIVED, start_puppet
 
 SEARCH_TOOL = {"type": "function", "function": {
     "name": "session_search", "description": "search the session",

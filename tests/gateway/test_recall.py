@@ -10,8 +10,8 @@ import sys
 import openai
 import orjson
 
-from gateway.state import INDEXER, LEDGER, PIPELINE
-from gateway.workloads import TOOL_SPECS, synthetic_session
+from gateway.keys import INDEXER, LEDGER, PIPELINE
+from simulator.workloads import TOOL_SPECS, synthetic_session
 from tests.support.agent import drive, settle
 
 RECALL_NAMES = {"session_search", "session_load"}
@@ -214,7 +214,7 @@ async def test_reindex_reproduces_the_index(start_gateway, upstream, tmp_path):
 
 
 async def test_recall_rounds_never_push_a_request_over_the_window(start_gateway, upstream):
-    from gateway.puppet import count_prompt
+    from simulator.puppet import count_prompt
 
     # A tiny reserve: the tailored view fills the window, so recall results must be fitted.
     gw = await start_gateway(policy={"sync_budget_s": 0.2, "reserve_tokens": 16})

@@ -6,7 +6,7 @@ import asyncio
 
 import openai
 
-from gateway.workloads import TOOL_SPECS, SyntheticSession
+from simulator.workloads import TOOL_SPECS, SyntheticSession
 
 
 async def drive(client: openai.AsyncOpenAI, session: SyntheticSession, *, model: str, rounds: int | None = None,
@@ -30,7 +30,7 @@ async def drive(client: openai.AsyncOpenAI, session: SyntheticSession, *, model:
 
 async def settle(gw, timeout_s: float = 10.0) -> None:
     """Wait until the gateway's summary jobs are done (tests want determinism, not speed)."""
-    from gateway.state import SUMMARIZER
+    from gateway.keys import SUMMARIZER
 
     summarizer = gw.app[SUMMARIZER]
     for _ in range(int(timeout_s / 0.05)):

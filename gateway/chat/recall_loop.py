@@ -16,8 +16,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.sse import SSEDecoder, StreamAssembler, encode_event
-from gateway.upstream import response_headers
+from gateway.http.sse import SSEDecoder, StreamAssembler, encode_event
+from gateway.http.upstream import response_headers
 from policies import is_recall_call
 from policies.messages import call_name
 

@@ -1,7 +1,7 @@
 """The puppet: a SIMULATED OpenAI-compatible provider, scripted by the conversation.
 
 Nothing here talks to a model. The puppet is a real aiohttp application that stands in for the
-upstream in tests (on port 0), in benchmarks (``python -m gateway.puppet --port N``) and in the
+upstream in tests (on port 0), in benchmarks (``python -m simulator.puppet --port N``) and in the
 offline demo. It is as strict as the real provider where that matters to a gateway: it rejects
 malformed bodies, unpaired tool calls and prompts over the model's window with the same status
 and error envelope, and it streams exactly the SSE chunks the official SDK parses.
@@ -898,7 +898,7 @@ async def start_puppet(host: str = "127.0.0.1", port: int = 0,
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m gateway.puppet", description=__doc__.split(
+    parser = argparse.ArgumentParser(prog="python -m simulator.puppet", description=__doc__.split(
         "\n\n")[0] + " Serves until interrupted.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8790)

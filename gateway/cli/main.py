@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--keep", action="store_true", help="Keep the demo's store directory.")
     args = parser.parse_args(argv)
     if args.command == "demo":
-        from gateway.demo import run_demo
+        from gateway.cli.demo import run_demo
 
         return run_demo(args)
     try:
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "reindex":
         return asyncio.run(reindex_all(settings))
     if args.command == "inspect":
-        from gateway.inspect_cli import run_inspect
+        from gateway.cli.inspect import run_inspect
 
         return run_inspect(args, settings)
     return 1
@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
 async def reindex_all(settings: Settings) -> int:
     """Drop the search index and rebuild it from the ledger, session by session."""
     from gateway.app import open_index
-    from gateway.session_tools import Indexer
-    from gateway.upstream import Upstream
+    from gateway.jobs.indexer import Indexer
+    from gateway.http.upstream import Upstream
     from store.ledger import Ledger
 
     ledger = Ledger(settings.store.path, synchronous=settings.store.sync)
@@ -85,7 +85,7 @@ async def reindex_all(settings: Settings) -> int:
 
 def serve_forever(settings: Settings, *, host: str | None = None, port: int | None = None) -> int:
     from gateway.app import create_app
-    from gateway.logs import setup_logging
+    from gateway.ops.logs import setup_logging
 
     setup_logging(settings.log.level, settings.log.json_format)
     try:

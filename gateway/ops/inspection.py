@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import orjson
 
-from gateway.chat_request import parse_chat_request
-from gateway.errors import BadRequest, NotFound
-from gateway.metrics import Metrics
-from gateway.views import ViewBuilder
+from gateway.chat.request import parse_chat_request
+from gateway.http.errors import BadRequest, NotFound
+from gateway.ops.metrics import Metrics
+from gateway.chat.views import ViewBuilder
 from store.checkpoints import Checkpoint
 from store.ledger import Event, SessionRecord, SessionRef
 

@@ -14,7 +14,7 @@ from typing import AsyncIterator
 import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.errors import UpstreamTimeout, UpstreamUnreachable
+from gateway.http.errors import UpstreamTimeout, UpstreamUnreachable
 
 # RFC 9110 §7.6.1 hop-by-hop headers, plus the ones the transport recomputes.
 HOP_BY_HOP = frozenset(

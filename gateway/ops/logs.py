@@ -15,7 +15,7 @@ import uuid
 
 from aiohttp import web
 
-from gateway.state import LOG_FIELDS, METRICS, MODEL, REQUEST_ID, SESSION, TENANT
+from gateway.keys import LOG_FIELDS, METRICS, MODEL, REQUEST_ID, SESSION, TENANT
 
 access = logging.getLogger("palimpsest.access")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")

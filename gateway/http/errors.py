@@ -15,14 +15,8 @@ and rate-limit headers), because clients retry on exactly what the provider said
 
 from __future__ import annotations
 
-import logging
-
 import orjson
 from aiohttp import web
-
-from gateway.state import METRICS
-
-log = logging.getLogger("palimpsest.errors")
 
 
 class GatewayError(Exception):
@@ -83,30 +77,3 @@ def error_body(message: str, type_: str, param: str | None = None, code: str | N
 
 def error_response(status: int, message: str, type_: str, param: str | None = None, code: str | None = None) -> web.Response:
     return web.Response(status=status, body=error_body(message, type_, param, code), content_type="application/json")
-
-
-_HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 404: "invalid_request_error", 429: "rate_limit_error"}
-
-
-@web.middleware
-async def error_middleware(request: web.Request, handler):
-    try:
-        return await handler(request)
-    except GatewayError as exc:
-        if isinstance(exc, (UpstreamUnreachable, UpstreamTimeout)):
-            request.app[METRICS].upstream_error(kind="timeout" if isinstance(exc, UpstreamTimeout) else "unreachable")
-        return error_response(exc.status, exc.message, exc.type, exc.param, exc.code)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        type_ = _HTTP_TYPES.get(exc.status, "invalid_request_error" if exc.status < 500 else "api_error")
-        code = "request_too_large" if exc.status == 413 else None
-        response = error_response(exc.status, exc.reason if exc.text is None else exc.text.removeprefix(f"{exc.status}: "), type_, None, code)
-        for name in ("Allow",):
-            if name in exc.headers:
-                response.headers[name] = exc.headers[name]
-        return response
-    except Exception:
-        # Never the message text or credentials: only the route and the exception type/trace.
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return error_response(500, "The gateway failed to handle this request.", "api_error", None, "internal_error")

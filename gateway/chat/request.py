@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from gateway.errors import BadRequest
+from gateway.http.errors import BadRequest
 from store.canonical import is_instruction
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})

@@ -7,20 +7,16 @@ caller's own session (the session key carries the tenant), hidden events by defa
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import time
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Callable
 
 import orjson
 
-from policies.messages import call_arguments, call_name, content_text, tool_calls
+from gateway.jobs.indexer import Indexer, event_text
+from policies.messages import call_arguments
 from store.ledger import Event, Ledger
-
-if TYPE_CHECKING:
-    from store.index import SearchIndex
 
 log = logging.getLogger("palimpsest.recall")
 
@@ -32,76 +28,8 @@ MAX_LOAD_CHARS = 20_000
 NEIGHBOUR_CHARS = 400
 
 
-def event_text(event: Event) -> str:
-    """What the index and session_load show of an event: its text and any tool calls."""
-    message = event.message
-    parts = [content_text(message.get("content"))]
-    for call in tool_calls(message):
-        parts.append(f"[called {call_name(call)}({call_arguments(call)})]")
-    return "\n".join(p for p in parts if p)
-
-
 def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="seconds")
-
-
-class Indexer:
-    """Keeps the search index caught up with the ledger: in the background after each turn,
-    and always before a search (a search sees every durable event of its session).
-
-    The index is opened on first use: LanceDB, Arrow and the embedder cost ~100 MB of memory,
-    which a gateway whose sessions never hide anything should not pay."""
-
-    def __init__(self, ledger: Ledger, open_index: Callable[[], "SearchIndex"]) -> None:
-        self.ledger = ledger
-        self._open_index = open_index
-        self._index: "SearchIndex | None" = None
-        self._open_lock = asyncio.Lock()
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._pending: dict[str, asyncio.Task] = {}
-
-    async def opened(self) -> "SearchIndex":
-        """The index, opened on first call in a worker thread: importing LanceDB takes ~2 s
-        of CPU that must not freeze the event loop (and every request on it)."""
-        if self._index is None:
-            async with self._open_lock:
-                if self._index is None:
-                    self._index = await asyncio.to_thread(self._open_index)
-        return self._index
-
-    async def catch_up(self, session_key: str) -> int:
-        from store.index import IndexedEvent
-
-        lock = self._locks.setdefault(session_key, asyncio.Lock())
-        index = await self.opened()
-        async with lock:
-            seq = index.indexed_seq(session_key)
-            events = [e for e in self.ledger.since(session_key, seq) if e.kind == "message"]
-            if not events:
-                return 0
-            batch = [IndexedEvent(e.id, e.seq, e.role, e.created, event_text(e)) for e in events]
-            return await index.add(session_key, batch)
-
-    def schedule(self, session_key: str) -> None:
-        if session_key in self._pending:
-            return
-        task = asyncio.create_task(self._background(session_key))
-        self._pending[session_key] = task
-        task.add_done_callback(lambda _t: self._pending.pop(session_key, None))
-
-    async def _background(self, session_key: str) -> None:
-        try:
-            await self.catch_up(session_key)
-        except Exception:
-            log.exception("background indexing failed")
-
-    async def close(self) -> None:
-        tasks = list(self._pending.values())
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if self._index is not None:
-            self._index.close()
 
 
 class RecallTools:

@@ -7,8 +7,8 @@ import time
 
 from aiohttp import web
 
-from gateway.state import METRICS, REQUEST_ID, UPSTREAM
-from gateway.upstream import response_headers
+from gateway.keys import METRICS, REQUEST_ID, UPSTREAM
+from gateway.http.upstream import response_headers
 
 ROUTE = "passthrough"
 

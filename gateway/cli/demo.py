@@ -1,9 +1,9 @@
 """``palimpsest demo``: the product working in one minute, offline, without an API key.
 
 Everything runs in this process on loopback: the puppet (a SIMULATED provider whose answers are
-scripted, see ``gateway.puppet``) as the upstream, a real gateway in front of it with a
+scripted, see ``simulator.puppet``) as the upstream, a real gateway in front of it with a
 throw-away store, and the official openai SDK as the agent, replaying the bundled synthetic
-session (``gateway.workloads``). Each round prints what the client sent, what went upstream
+session (``simulator.workloads``). Each round prints what the client sent, what went upstream
 and what the gateway did in between; then the agent asks about a fact planted early in the
 session, whose turn the upstream no longer sees, and the gateway recalls it from the ledger
 (session_search, session_load) without the client noticing.
@@ -26,11 +26,11 @@ from typing import TextIO
 from aiohttp import web
 
 from gateway.app import create_app
-from gateway.logs import setup_logging
-from gateway.puppet import RECEIVED, SIMULATED_NOTICE, start_puppet
+from gateway.ops.logs import setup_logging
+from simulator.puppet import RECEIVED, SIMULATED_NOTICE, start_puppet
 from gateway.settings import ConfigError, load_settings
-from gateway.state import COUNTER, METRICS
-from gateway.workloads import TOOL_SPECS, Fact, SyntheticSession, synthetic_session
+from gateway.keys import COUNTER, METRICS
+from simulator.workloads import TOOL_SPECS, Fact, SyntheticSession, synthetic_session
 
 __all__ = ["run_demo"]
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from gateway.upstream import Upstream
+from gateway.http.upstream import Upstream
 from policies import (
     Policy,
     TokenCounter,

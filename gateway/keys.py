@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 if TYPE_CHECKING:
-    from gateway.chat import ChatPipeline
-    from gateway.identity import Identity
-    from gateway.metrics import Metrics
+    from gateway.chat.pipeline import ChatPipeline
+    from gateway.http.identity import Identity
+    from gateway.ops.metrics import Metrics
     from gateway.settings import Settings
-    from gateway.session_tools import Indexer
-    from gateway.summarizer import Summarizer
-    from gateway.upstream import Upstream
+    from gateway.jobs.indexer import Indexer
+    from gateway.jobs.summarizer import Summarizer
+    from gateway.http.upstream import Upstream
     from policies import TokenCounter
     from store.checkpoints import DiskCheckpoints
     from store.ledger import Ledger

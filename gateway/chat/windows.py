@@ -40,13 +40,13 @@ class Windows:
         self._configured = configured
         self._upstream = upstream
         self._discovered: dict[str, int] = {}
-        self._fetched_at = 0.0
+        self._fetched_at: float | None = None  # None: never asked (monotonic() may be small on a fresh host)
         self._lock = asyncio.Lock()
 
     async def window(self, model: str, auth: str | None = None) -> int:
         if model in self._configured:
             return self._configured[model]
-        if model not in self._discovered and time.monotonic() - self._fetched_at > DISCOVERY_TTL_S:
+        if model not in self._discovered and self._stale():
             await self._discover(auth)
         if model in self._discovered:
             return self._discovered[model]
@@ -55,9 +55,12 @@ class Windows:
                 return size
         return DEFAULT_WINDOW
 
+    def _stale(self) -> bool:
+        return self._fetched_at is None or time.monotonic() - self._fetched_at > DISCOVERY_TTL_S
+
     async def _discover(self, auth: str | None) -> None:
         async with self._lock:
-            if time.monotonic() - self._fetched_at <= DISCOVERY_TTL_S:
+            if not self._stale():
                 return
             self._fetched_at = time.monotonic()
             key = self._upstream.api_key

@@ -24,9 +24,9 @@ from typing import AsyncIterator
 import orjson
 from aiohttp import web
 
-from gateway.errors import BadRequest, NotFound, Unauthorized
-from gateway.inspection import Inspector, ViewInputs
-from gateway.state import CHECKPOINTS, LEDGER, PIPELINE, SETTINGS
+from gateway.http.errors import BadRequest, NotFound, Unauthorized
+from gateway.ops.inspection import Inspector, ViewInputs
+from gateway.keys import CHECKPOINTS, LEDGER, PIPELINE, SETTINGS
 
 INSPECTOR: web.AppKey[Inspector] = web.AppKey("inspector", Inspector)
 UI_PAGE = Path(__file__).parent / "static" / "inspector.html"

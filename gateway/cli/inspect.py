@@ -18,12 +18,12 @@ import sys
 import time
 from pathlib import Path
 
-from gateway.errors import GatewayError
-from gateway.inspection import Inspector
+from gateway.http.errors import GatewayError
+from gateway.ops.inspection import Inspector
 from gateway.settings import Settings
-from gateway.upstream import Upstream
-from gateway.views import ViewBuilder
-from gateway.windows import Windows
+from gateway.http.upstream import Upstream
+from gateway.chat.views import ViewBuilder
+from gateway.chat.windows import Windows
 from policies import Calibration, TokenCounter
 from store.checkpoints import DiskCheckpoints
 from store.ledger import Ledger

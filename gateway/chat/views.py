@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import orjson
 
-from gateway.chat_request import ChatRequest
-from gateway.errors import ContextLengthExceeded
+from gateway.chat.request import ChatRequest
+from gateway.http.errors import ContextLengthExceeded
 from policies import (
     ContextOverflow,
     choose_boundary,

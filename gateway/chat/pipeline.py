@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 import orjson
 from aiohttp import web
 
-from gateway.chat_request import ChatRequest, parse_chat_request
-from gateway.sse import SSEDecoder, StreamAssembler
-from gateway.state import LOG_FIELDS, MODEL, PIPELINE, REQUEST_ID, SESSION, TENANT
-from gateway.upstream import response_headers
-from gateway.views import View
+from gateway.chat.request import ChatRequest, parse_chat_request
+from gateway.http.sse import SSEDecoder, StreamAssembler
+from gateway.keys import LOG_FIELDS, MODEL, PIPELINE, REQUEST_ID, SESSION, TENANT
+from gateway.http.upstream import response_headers
+from gateway.chat.views import View
 from store.canonical import path_ids
 from store.ledger import SessionRef
 
