@@ -1,0 +1,71 @@
+"""The puppet's run-time state: knobs tests flip, counters, the request log, the prompt cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from simulator.counting import count_message, window_for
+
+
+@dataclass
+class PuppetState:
+    """Mutable knobs and counters; tests change them between requests."""
+
+    default_window: int
+    windows: dict[str, int]
+    chunk_chars: int
+    latency_s: float
+    # Statuses that the next chat completions fail with, first in first out.
+    failures: list[int] = field(default_factory=list)
+    # Pause between streamed chunks, to make streams observable in flight.
+    chunk_delay_s: float = 0.0
+    # Keep at most this many entries in RECEIVED (None: all); benchmarks bound it.
+    keep_received: int | None = None
+    # Completion ids of streams whose client went away before the end.
+    disconnected: list[str] = field(default_factory=list)
+    counter: int = 0
+    last_prompt: dict[str, list[tuple[bytes, int]]] = field(default_factory=dict)
+
+    def next_id(self) -> int:
+        self.counter += 1
+        return self.counter
+
+    def window(self, model: str) -> int:
+        return window_for(model, self.windows, self.default_window)
+
+
+RECEIVED: web.AppKey[list[dict[str, Any]]] = web.AppKey("puppet_received", list)
+PUPPET_STATE: web.AppKey[PuppetState] = web.AppKey("puppet_state", PuppetState)
+
+
+
+
+async def record(request: web.Request, body: bytes, parsed: Any) -> None:
+    """Log one request in app[RECEIVED] (bounded by PuppetState.keep_received)."""
+    received = request.app[RECEIVED]
+    received.append({"method": request.method, "path": request.path,
+                     "headers": {k.lower(): v for k, v in request.headers.items()},
+                     "json": parsed, "body": body})
+    keep = request.app[PUPPET_STATE].keep_received
+    if keep is not None and len(received) > keep:
+        del received[: len(received) - keep]
+
+
+# The simulated prompt cache: the prefix shared with the previous request for the model.
+
+
+def cached_tokens(state: PuppetState, model: str, messages: list[dict[str, Any]]) -> int:
+    keyed = [(orjson.dumps(m, option=orjson.OPT_SORT_KEYS), count_message(m)) for m in messages]
+    previous = state.last_prompt.get(model, [])
+    state.last_prompt[model] = keyed
+    shared = 0
+    for (key, tokens), (before, _) in zip(keyed, previous):
+        if key != before:
+            break
+        shared += tokens
+    return 0 if shared < 1024 else shared // 128 * 128
+

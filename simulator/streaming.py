@@ -1,0 +1,84 @@
+"""Streaming: the SSE chunks the official SDK parses, with stalls and client disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from simulator.state import PUPPET_STATE
+
+
+def ratelimit_headers() -> dict[str, str]:
+    return {"x-ratelimit-limit-requests": "10000", "x-ratelimit-remaining-requests": "9999",
+            "x-ratelimit-limit-tokens": "30000000", "x-ratelimit-remaining-tokens": "29999000",
+            "openai-processing-ms": "1"}
+
+
+async def stream_completion(request: web.Request, head: dict[str, Any],
+                            choices: list[dict[str, Any]], usage: dict[str, Any],
+                            body: dict[str, Any], stall_s: float) -> web.StreamResponse:
+    state = request.app[PUPPET_STATE]
+    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    response = web.StreamResponse(headers={
+        "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
+        "x-simulated-provider": "palimpsest-puppet", "x-request-id": f"req_{head['id'][8:]}",
+        **ratelimit_headers()})
+    await response.prepare(request)
+    base = {**head, "object": "chat.completion.chunk"}
+
+    async def send(index: int | None, delta: dict[str, Any] | None, finish: str | None = None,
+                   chunk_usage: dict[str, Any] | None = None) -> None:
+        chunk = dict(base)
+        chunk["choices"] = [] if index is None else [
+            {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}]
+        if include_usage:
+            chunk["usage"] = chunk_usage
+        await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        if state.chunk_delay_s:
+            await asyncio.sleep(state.chunk_delay_s)
+
+    try:
+        for choice in choices:
+            i, message = choice["index"], choice["message"]
+            calls = message.get("tool_calls") or []
+            first = {"role": "assistant", "content": None if calls else "", "refusal": None}
+            await send(i, first)
+            if stall_s:
+                await _stall(request, stall_s)
+            for piece in _pieces(message["content"] or "", state.chunk_chars):
+                await send(i, {"content": piece})
+            for k, call in enumerate(calls):
+                fn = call["function"]
+                await send(i, {"tool_calls": [{"index": k, "id": call["id"], "type": "function",
+                                               "function": {"name": fn["name"], "arguments": ""}}]})
+                for piece in _pieces(fn["arguments"], state.chunk_chars):
+                    await send(i, {"tool_calls": [{"index": k, "function": {"arguments": piece}}]})
+            await send(i, {}, choice["finish_reason"])
+        if include_usage:
+            await send(None, None, chunk_usage=usage)
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+    except (ConnectionResetError, asyncio.CancelledError):
+        state.disconnected.append(head["id"])
+        raise
+    return response
+
+
+async def _stall(request: web.Request, seconds: float) -> None:
+    """Sleep, but notice a client that went away (handler cancellation is off by default)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("client disconnected")
+        await asyncio.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    size = max(1, size)
+    return [text[k:k + size] for k in range(0, len(text), size)]
+
