@@ -1,0 +1,138 @@
+"""The store interfaces the gateway depends on (see docs/architecture.md, "Stores").
+
+Each Protocol lists exactly the methods gateway code calls today on the embedded backends
+(``store.ledger.Ledger``, ``store.checkpoints.DiskCheckpoints``, ``store.index.SearchIndex``),
+with the same signatures. A scale-out backend (e.g. a PostgreSQL ledger) implements the same
+methods; the composition root (``gateway/app.py``) is the only place that names a concrete
+class, and ``gateway/keys.py`` types the application keys against these Protocols.
+
+Synchronous methods are short, one transaction each; the gateway may call them on the event
+loop. The search index is asynchronous where it embeds or reads tables.
+
+Importing this module is cheap: the record types are only imported for type checking, so it
+never pulls in SQLite, diskcache or LanceDB.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from store.checkpoints import Checkpoint
+    from store.index import Hit, IndexedEvent
+    from store.ledger import Event, PathSync, SessionRecord, SessionRef
+
+
+@runtime_checkable
+class LedgerStore(Protocol):
+    """The append-only, content-addressed, fork-aware event ledger."""
+
+    # -- writing (the chat pipeline and the recall loop) -------------------------------------
+    def sync(self, ref: SessionRef, messages: list[dict], ids: list[str] | None = None,
+             model: str | None = None) -> PathSync:
+        """Map the request's message list onto a path of event ids, appending unknown events
+        (one transaction); `ids` are precomputed ids of `messages`, `model` the request's."""
+        ...
+
+    def append(self, ref: SessionRef, parent: str | None, message: dict, *,
+               defer: bool = False) -> Event:
+        """Append one message under `parent` (the answer); `defer` lets the write ride the next
+        flush instead of its own transaction."""
+        ...
+
+    def flush(self) -> None:
+        """Write deferred appends now (called every ~0.5 s by the app, and on close)."""
+        ...
+
+    def checkpoint(self) -> None:
+        """Periodic maintenance off the event loop (SQLite: WAL checkpoint); may be a no-op."""
+        ...
+
+    def add_side_events(self, ref: SessionRef, node: str | None,
+                        messages: Iterable[dict]) -> list[Event]:
+        """Hang gateway-made messages (recall calls and results, notes) off `node`; they never
+        take part in path matching (their Event.kind is "side")."""
+        ...
+
+    # -- reading (recall tools, indexer, inspector) ------------------------------------------
+    def get(self, session_key: str, eid: str) -> Event | None: ...
+
+    def get_many(self, session_key: str, ids: Iterable[str]) -> list[Event]: ...
+
+    def since(self, session_key: str, seq: int) -> list[Event]:
+        """Events of the session with seq > `seq`, in insertion order."""
+        ...
+
+    def children(self, session_key: str, eid: str | None) -> tuple[str, ...]:
+        """Ids of the path events whose parent is `eid` (None: the roots)."""
+        ...
+
+    def side_events(self, session_key: str, node: str | None) -> list[Event]:
+        """The side events hung off `node`, in insertion order."""
+        ...
+
+    def path_to(self, session_key: str, eid: str) -> list[Event]:
+        """The path from the root to `eid`, root first."""
+        ...
+
+    def heads(self, session_key: str) -> list[str]:
+        """Ids of the leaves of the session's tree (one per branch), oldest first."""
+        ...
+
+    def session(self, session_key: str) -> SessionRecord | None: ...
+
+    def sessions(self, tenant: str | None = None) -> list[SessionRecord]: ...
+
+    # -- operations --------------------------------------------------------------------------
+    def session_count(self) -> int: ...
+
+    def volume_bytes(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class CheckpointStore(Protocol):
+    """Summary checkpoints, kept as versions and never overwritten."""
+
+    def add(self, session_key: str, *, boundary: str, summary: str, state: dict,
+            covered_tokens: int, covered_events: int, model: str, mode: str,
+            previous: str | None, summary_tokens: int, meta: dict | None = None) -> Checkpoint: ...
+
+    def list(self, session_key: str) -> list[Checkpoint]:
+        """Every checkpoint of the session, oldest first."""
+        ...
+
+    def newest_on_path(self, session_key: str,
+                       positions: dict[str, int]) -> tuple[Checkpoint, int] | None:
+        """The newest checkpoint whose boundary is on the path (`positions`: event id → index
+        on the path), with the boundary's index."""
+        ...
+
+    def volume_bytes(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class SearchIndex(Protocol):
+    """The per-session recall index (hybrid full-text + vector search over events)."""
+
+    async def add(self, session_key: str, events: list[IndexedEvent]) -> int:
+        """Index events not yet indexed for the session; returns the chunks written."""
+        ...
+
+    def indexed_seq(self, session_key: str) -> int:
+        """Highest ledger seq indexed for the session, -1 when none."""
+        ...
+
+    async def search(self, session_key: str, query: str, limit: int = 5,
+                     exclude_event_ids: frozenset[str] = frozenset()) -> list[Hit]:
+        """Events of this session best matching `query`, best first, at most `limit`."""
+        ...
+
+    async def reset(self) -> None:
+        """Drop every session's index (``palimpsest reindex``)."""
+        ...
+
+    def close(self) -> None: ...
