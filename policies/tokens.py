@@ -63,8 +63,11 @@ class TokenCounter:
         """
         key = (hash(text), len(text), head_tokens, tail_tokens)
         if key in self._slices:
-            self._slices.move_to_end(key)
-            return self._slices[key]
+            try:  # a worker thread may evict it meanwhile (gateway/chat/offload.py)
+                self._slices.move_to_end(key)
+                return self._slices[key]
+            except KeyError:
+                pass
         tokens = self._encoding.encode_ordinary(text)
         cut: tuple[str, str, int] | None = None
         if len(tokens) > head_tokens + tail_tokens:
@@ -81,7 +84,10 @@ class TokenCounter:
     def _cached(self, key: Any) -> int | None:
         value = self._cache.get(key)
         if value is not None:
-            self._cache.move_to_end(key)
+            try:
+                self._cache.move_to_end(key)
+            except KeyError:  # evicted meanwhile by a worker thread (gateway/chat/offload.py)
+                pass
         return value
 
     def _store(self, key: Any, value: int) -> int:
