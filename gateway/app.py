@@ -27,7 +27,7 @@ from gateway.http.upstream import Upstream
 from gateway.chat.views import ViewBuilder
 from gateway.chat.windows import Windows
 from policies import Calibration, TokenCounter
-from store.checkpoints import DiskCheckpoints
+from store import call as store_call, close_stores, open_stores, sweep_expired
 from store.ledger import Ledger
 
 
@@ -35,12 +35,21 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
+async def readyz(request: web.Request) -> web.Response:
+    """Readiness: the store answers (a replica whose database is unreachable takes no traffic)."""
+    try:
+        await store_call(request.app[LEDGER].ping)
+    except Exception:
+        return web.json_response({"status": "store unreachable"}, status=503)
+    return web.json_response({"status": "ready"})
+
+
 async def metrics_endpoint(request: web.Request) -> web.Response:
     metrics = request.app[METRICS]
     ledger = request.app[LEDGER]
-    metrics.store_bytes.labels("ledger").set(ledger.volume_bytes())
-    metrics.store_sessions.set(ledger.session_count())
-    metrics.store_bytes.labels("checkpoints").set(request.app[CHECKPOINTS].volume_bytes())
+    metrics.store_bytes.labels("ledger").set(await store_call(ledger.volume_bytes))
+    metrics.store_sessions.set(await store_call(ledger.session_count))
+    metrics.store_bytes.labels("checkpoints").set(await store_call(request.app[CHECKPOINTS].volume_bytes))
     return web.Response(body=metrics.render(), headers={"Content-Type": metrics.content_type})
 
 
@@ -58,6 +67,7 @@ def create_app(settings: Settings) -> web.Application:
     )
     app.cleanup_ctx.append(_resources)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)
     app.router.add_post("/v1/chat/completions", handle_chat)
     app.router.add_route("*", "/v1/{tail:.*}", passthrough)
@@ -75,14 +85,14 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         max_connections=settings.upstream.max_connections,
     )
     await upstream.start()
-    ledger = Ledger(settings.store.path, synchronous=settings.store.sync)
-    checkpoints = DiskCheckpoints(settings.store.path, synchronous=settings.store.sync)
+    ledger, checkpoints = open_stores(settings.store)  # embedded, or PostgreSQL with store.url
     counter, calibration = TokenCounter(), Calibration()
     metrics = app[METRICS]
     windows = Windows({k: v.context_window for k, v in settings.models.items()}, upstream)
     summarizer = Summarizer(
         upstream=upstream, checkpoints=checkpoints, counter=counter, metrics=metrics,
         workers=settings.summary.workers, queue_size=settings.summary.queue_size, windows=windows,
+        config=settings.summary,
     )
     await summarizer.start()
     views = ViewBuilder(
@@ -106,16 +116,19 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     app[PIPELINE] = pipeline
     app[INDEXER] = indexer
     flusher = asyncio.create_task(_flush_answers(ledger), name="ledger-flush")
+    retention = (asyncio.create_task(_retention(settings.store.retention_days, ledger, checkpoints, indexer), name="retention")
+                 if settings.store.retention_days else None)
     try:
         yield
     finally:
         flusher.cancel()
+        if retention is not None:
+            retention.cancel()
         # In-flight requests are drained by the server before cleanup; then summary jobs.
         await summarizer.close(settings.server.shutdown_timeout_s)
         await indexer.close()
         await upstream.close()
-        checkpoints.close()
-        ledger.close()
+        close_stores(ledger, checkpoints)
 
 
 def open_index(settings: Settings, upstream: Upstream | None):
@@ -130,6 +143,17 @@ def open_index(settings: Settings, upstream: Upstream | None):
     else:
         embedder = default_embedder()
     return SearchIndex(str(Path(settings.store.path) / "index"), embedder)
+
+
+async def _retention(days: float, ledger, checkpoints, indexer, every_s: float = 3600.0) -> None:
+    """The retention TTL: hourly, delete sessions idle for more than `days` (store.__init__)."""
+    while True:
+        try:
+            index = await indexer.opened()
+            await sweep_expired(days, ledger=ledger, checkpoints=checkpoints, index=index)
+        except Exception:
+            logging.getLogger("palimpsest.store").exception("retention sweep failed")
+        await asyncio.sleep(every_s)
 
 
 async def _flush_answers(ledger: Ledger, every_s: float = 0.5, checkpoint_every: int = 10) -> None:

@@ -57,6 +57,11 @@ class StoreSettings(_Section):
     sync: Literal["normal", "full"] = Field(
         "normal", description="SQLite synchronous mode: 'normal' survives a process crash, 'full' also power loss."
     )
+    url: str = Field(
+        "", description="PostgreSQL URL (postgresql://user:pass@host:port/db) for the ledger and checkpoints shared by replicas; empty = embedded store under path."
+    )
+    pool_size: int = Field(10, ge=1, le=200, description="PostgreSQL connections per replica.")
+    retention_days: float = Field(0, ge=0, description="Delete sessions not updated for this many days (0 = keep forever).")
 
 
 class SessionSettings(_Section):
@@ -78,6 +83,11 @@ class RecallSettings(_Section):
     embeddings_api_key: SecretStr = Field(SecretStr(""), description="Key for embeddings_url.")
     embeddings_dim: int = Field(1536, gt=0, description="Vector size embeddings_url returns.")
     search_limit: int = Field(5, ge=1, le=20, description="Default number of search results.")
+    index_uri: str = Field("", description="LanceDB URI of the recall index (s3://bucket/prefix for replicas); empty = <store.path>/index.")
+    index_endpoint: str = Field("", description="S3-compatible endpoint URL for index_uri (MinIO, moto, ...); empty = AWS.")
+    index_region: str = Field("us-east-1", description="S3 region for index_uri.")
+    index_access_key_id: SecretStr = Field(SecretStr(""), description="S3 access key for index_uri; empty = the environment's credentials.")
+    index_secret_access_key: SecretStr = Field(SecretStr(""), description="S3 secret key for index_uri.")
 
 
 class SummarySettings(_Section):

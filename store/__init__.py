@@ -1,0 +1,72 @@
+"""Storage: the ledger, checkpoints and recall index, embedded or shared between replicas.
+
+`open_stores` picks the backend: the embedded SQLite/diskcache store under ``store.path`` by
+default, PostgreSQL when ``store.url`` is set (docs/architecture.md, Scale-out). `call` is how
+async code calls a store method without blocking the event loop, whichever backend it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable, TypeVar
+
+log = logging.getLogger("palimpsest.store")
+T = TypeVar("T")
+
+
+async def call(method: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """Run a store method from async code: in a worker thread when its store does network
+    round trips (``blocking = True``: PostgreSQL), inline when it is embedded and sub-millisecond
+    (a thread hop would cost more than the call)."""
+    if getattr(getattr(method, "__self__", None), "blocking", False):
+        return await asyncio.to_thread(method, *args, **kwargs)
+    return method(*args, **kwargs)
+
+
+def open_stores(store_settings) -> tuple[Any, Any]:
+    """(ledger, checkpoints) for the ``[store]`` settings."""
+    url = getattr(store_settings, "url", None)
+    if url:
+        from store.postgres import PostgresCheckpoints, PostgresLedger, open_pool
+
+        pool = open_pool(url, max_size=getattr(store_settings, "pool_size", 10))
+        return PostgresLedger(pool=pool), PostgresCheckpoints(pool=pool)
+    from store.checkpoints import DiskCheckpoints
+    from store.ledger import Ledger
+
+    return (Ledger(store_settings.path, synchronous=store_settings.sync),
+            DiskCheckpoints(store_settings.path, synchronous=store_settings.sync))
+
+
+def close_stores(ledger, checkpoints) -> None:
+    checkpoints.close()
+    ledger.close()
+    pool = getattr(ledger, "pool", None)
+    if pool is not None:
+        pool.close()
+
+
+async def delete_session(session_key: str, *, ledger, checkpoints, index=None) -> dict[str, int]:
+    """Delete a session everywhere it is kept: ledger events, checkpoints, recall index.
+
+    `index` is a `store.index.SearchIndex` or None (nothing indexed, or the index is not open;
+    the recall index is a derived cache, so a table left behind is only wasted space, and
+    `palimpsest reindex` drops it)."""
+    events = await call(ledger.delete_session, session_key)
+    checkpoints_deleted = await call(checkpoints.delete_session, session_key)
+    if index is not None:
+        await index.drop_session(session_key)
+    return {"events": events, "checkpoints": checkpoints_deleted}
+
+
+async def sweep_expired(retention_days: float, *, ledger, checkpoints, index=None, now: float | None = None) -> int:
+    """Delete sessions not updated for `retention_days` (the retention TTL); returns how many."""
+    cutoff = (time.time() if now is None else now) - retention_days * 86400
+    keys = await call(ledger.expired, cutoff)
+    for key in keys:
+        await delete_session(key, ledger=ledger, checkpoints=checkpoints, index=index)
+    if keys:
+        log.info("retention sweep deleted sessions", extra={"fields": {"sessions": len(keys), "retention_days": retention_days}})
+    return len(keys)

@@ -39,10 +39,19 @@ class CheckpointStore(Protocol):
             covered_events: int, model: str, mode: str, previous: str | None, summary_tokens: int) -> Checkpoint: ...
     def list(self, session_key: str) -> list[Checkpoint]: ...
     def newest_on_path(self, session_key: str, positions: dict[str, int]) -> tuple[Checkpoint, int] | None: ...
+    def delete_session(self, session_key: str) -> int: ...
+    def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool: ...
+    def release_lease(self, name: str, holder: str) -> None: ...
 
 
 class DiskCheckpoints:
-    """diskcache-backed checkpoints with an in-memory copy per session (read on every request)."""
+    """diskcache-backed checkpoints with an in-memory copy per session (read on every request).
+
+    The memo is only valid while this process is the store's one writer: that is the embedded
+    deployment. Replicas share checkpoints through `store.postgres.PostgresCheckpoints`,
+    which reads the table on every call instead."""
+
+    blocking = False
 
     def __init__(self, path: str | Path, *, synchronous: str = "normal") -> None:
         root = Path(path)
@@ -84,6 +93,32 @@ class DiskCheckpoints:
             if pos is not None:
                 return cp, pos
         return None
+
+    def delete_session(self, session_key: str) -> int:
+        """Delete every checkpoint of the session; returns how many there were."""
+        with self._cache.transact():
+            count = len(self._load(session_key))
+            self._cache.delete(session_key)
+        self._memo.pop(session_key, None)
+        return count
+
+    # -- leases: one summariser per session, even across processes sharing the directory ---
+
+    def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
+        """Take (or renew) the lease `name` for `ttl_s` seconds; False when another holds it."""
+        key = f"lease:{name}"
+        with self._cache.transact():
+            current = self._cache.get(key)
+            if current is not None and current != holder:
+                return False
+            self._cache.set(key, holder, expire=ttl_s)
+        return True
+
+    def release_lease(self, name: str, holder: str) -> None:
+        key = f"lease:{name}"
+        with self._cache.transact():
+            if self._cache.get(key) == holder:
+                self._cache.delete(key)
 
     def volume_bytes(self) -> int:
         return int(self._cache.volume())

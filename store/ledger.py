@@ -18,6 +18,7 @@ also serialises writers across processes).
 from __future__ import annotations
 
 import hashlib
+import secrets
 import sqlite3
 import time
 from collections import OrderedDict
@@ -29,6 +30,7 @@ from typing import Iterable, Protocol
 import orjson
 
 from store.canonical import event_id, path_ids, stored_form
+from store.migrations import migrate_sqlite
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,36 +86,16 @@ class LedgerStore(Protocol):
     def since(self, session_key: str, seq: int) -> list[Event]: ...
     def session(self, session_key: str) -> SessionRecord | None: ...
     def sessions(self, tenant: str | None = None) -> list[SessionRecord]: ...
+    def delete_session(self, session_key: str) -> int: ...
+    def expired(self, before: float) -> list[str]: ...
     def close(self) -> None: ...
 
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS events (
-    session_key TEXT NOT NULL,
-    id          TEXT NOT NULL,
-    parent      TEXT,
-    seq         INTEGER NOT NULL,
-    role        TEXT NOT NULL,
-    kind        TEXT NOT NULL,
-    created     REAL NOT NULL,
-    message     BLOB NOT NULL,
-    PRIMARY KEY (session_key, id)
-) WITHOUT ROWID;
-CREATE UNIQUE INDEX IF NOT EXISTS events_by_seq ON events (session_key, seq);
-CREATE INDEX IF NOT EXISTS events_by_parent ON events (session_key, parent, kind);
-CREATE TABLE IF NOT EXISTS sessions (
-    key        TEXT PRIMARY KEY,
-    tenant     TEXT NOT NULL,
-    session_id TEXT NOT NULL,
-    created    REAL NOT NULL,
-    updated    REAL NOT NULL,
-    events     INTEGER NOT NULL DEFAULT 0,
-    head       TEXT,
-    requests   INTEGER NOT NULL DEFAULT 0,
-    model      TEXT
-);
-CREATE INDEX IF NOT EXISTS sessions_by_tenant ON sessions (tenant, updated);
-"""
+def new_epoch() -> str:
+    """A session incarnation: a deleted session that comes back is a new one."""
+    return secrets.token_hex(8)
+
+
 _EVENT_COLUMNS = "id, parent, seq, role, message, created, kind"
 SEEN_CACHE = 100_000  # (session, event id) pairs known to exist
 
@@ -129,7 +111,9 @@ def _session(row) -> SessionRecord:
 class Ledger:
     """SQLite-backed ledger. Synchronous calls: each is short and runs one transaction."""
 
-    def __init__(self, path: str | Path, *, synchronous: str = "normal") -> None:
+    blocking = False  # sub-millisecond local calls: the gateway runs them inline (store.call)
+
+    def __init__(self, path: str | Path, *, synchronous: str = "normal", defer_answers: bool = False) -> None:
         root = Path(path)
         root.mkdir(parents=True, exist_ok=True)
         # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT).
@@ -141,11 +125,14 @@ class Ledger:
         # file, which is what made the slowest requests slow. `checkpoint()` runs them from
         # a worker thread on its own connection instead.
         self._db.execute("PRAGMA wal_autocheckpoint=0")
-        self._db.executescript(_SCHEMA)
+        self.migrated_from = migrate_sqlite(self._db)
         self._path = root / "ledger.sqlite3"
+        self._defer_answers = defer_answers
         # Upstream answers waiting to be written: (ref, parent, message). See `append`.
         self._pending: list[tuple[SessionRef, str | None, dict]] = []
-        self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
+        # (session, epoch, event id) known to exist: keyed by the session's incarnation, so a
+        # session deleted (and perhaps started again) by another process never hits it.
+        self._seen: OrderedDict[tuple[str, str, str], None] = OrderedDict()
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -164,13 +151,13 @@ class Ledger:
         # this path is new (usually the last message or two: walk back to the newest known).
         with self._transaction():
             self._write_pending()
-            if self._known(sk, ids[-1]):
+            seq, epoch = self._open_session(ref)
+            if seq and self._known(sk, epoch, ids[-1]):
                 db.execute("UPDATE sessions SET requests = requests + 1, model = ? WHERE key = ?", (model, sk))
                 return PathSync(ids, 0)
             first_new = len(ids) - 1
-            while first_new > 0 and not self._known(sk, ids[first_new - 1]):
+            while first_new > 0 and not self._known(sk, epoch, ids[first_new - 1]):
                 first_new -= 1
-            seq, _ = self._open_session(ref)
             now = time.time()
             rows = [
                 self._row(sk, ids[i - 1] if i else None, ids[i], seq + n, messages[i], "message", now)
@@ -182,18 +169,20 @@ class Ledger:
                 (len(rows), ids[-1], now, model, sk),
             )
             for row in rows:
-                self._remember((sk, row[1]))
+                self._remember((sk, epoch, row[1]))
         return PathSync(ids, len(rows))
 
     def append(self, ref: SessionRef, parent: str | None, message: dict, *, defer: bool = False) -> Event:
         """Record one message (the upstream's answer) as the child of `parent`.
 
-        With `defer`, the write joins the next transaction (the next request's sync, a read,
-        or `flush`) instead of paying a commit of its own on the request path. An answer is
-        the one message that may wait: the client holds it and resends it next turn, and its
-        content address makes the resend land on the same event."""
+        With `defer` and a ledger opened with ``defer_answers``, the write joins the next
+        transaction (the next request's sync, a read, or `flush`, at most ~0.5 s later) instead
+        of paying a commit of its own. By default it commits now: a commit in WAL mode costs
+        a fraction of a millisecond (bench/cluster.py measures it), less than the answer is
+        worth if the process dies in that window. The client holds the answer and resends it
+        next turn, and its content address makes the resend land on the same event."""
         eid = event_id(parent, message)
-        if defer:
+        if defer and self._defer_answers:
             self._pending.append((ref, parent, message))
             return Event(eid, parent, -1, str(message.get("role")), stored_form(message), time.time())
         with self._transaction():
@@ -213,12 +202,12 @@ class Ledger:
             self._insert_one(ref, parent, event_id(parent, message), message)
 
     def _insert_one(self, ref: SessionRef, parent: str | None, eid: str, message: dict) -> None:
-        if self._known(ref.key, eid):
+        seq, epoch = self._open_session(ref)
+        if self._known(ref.key, epoch, eid):
             return
-        seq, _ = self._open_session(ref)
         now = time.time()
         self._db.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", self._row(ref.key, parent, eid, seq, message, "message", now))
-        self._remember((ref.key, eid))
+        self._remember((ref.key, epoch, eid))
         self._db.execute("UPDATE sessions SET events = events + 1, head = ?, updated = ? WHERE key = ?", (eid, now, ref.key))
 
     def add_side_events(self, ref: SessionRef, node: str | None, messages: Iterable[dict]) -> list[Event]:
@@ -251,10 +240,10 @@ class Ledger:
             raise
         self._db.execute("COMMIT")
 
-    def _known(self, sk: str, eid: str) -> bool:
-        # Events are never deleted, so "known" can be cached; "unknown" must always be asked
-        # (another process may share the store).
-        key = (sk, eid)
+    def _known(self, sk: str, epoch: str, eid: str) -> bool:
+        # Events of one session incarnation are never deleted, so "known" can be cached;
+        # "unknown" must always be asked (another process may share the store).
+        key = (sk, epoch, eid)
         if key in self._seen:
             return True
         found = self._db.execute("SELECT 1 FROM events WHERE session_key = ? AND id = ?", (sk, eid)).fetchone() is not None
@@ -262,22 +251,22 @@ class Ledger:
             self._remember(key)
         return found
 
-    def _remember(self, key: tuple[str, str]) -> None:
+    def _remember(self, key: tuple[str, str, str]) -> None:
         self._seen[key] = None
         if len(self._seen) > SEEN_CACHE:
             self._seen.popitem(last=False)
 
-    def _open_session(self, ref: SessionRef) -> tuple[int, bool]:
-        """The session's next seq, creating its record if needed (inside a transaction)."""
-        row = self._db.execute("SELECT events FROM sessions WHERE key = ?", (ref.key,)).fetchone()
+    def _open_session(self, ref: SessionRef) -> tuple[int, str]:
+        """The session's next seq and epoch, creating its record if needed (in a transaction)."""
+        row = self._db.execute("SELECT events, epoch FROM sessions WHERE key = ?", (ref.key,)).fetchone()
         if row is not None:
-            return row[0], False
-        now = time.time()
+            return row[0], row[1]
+        now, epoch = time.time(), new_epoch()
         self._db.execute(
-            "INSERT INTO sessions (key, tenant, session_id, created, updated) VALUES (?, ?, ?, ?, ?)",
-            (ref.key, ref.tenant, ref.session_id, now, now),
+            "INSERT INTO sessions (key, tenant, session_id, created, updated, epoch) VALUES (?, ?, ?, ?, ?, ?)",
+            (ref.key, ref.tenant, ref.session_id, now, now, epoch),
         )
-        return 0, True
+        return 0, epoch
 
     @staticmethod
     def _row(sk: str, parent: str | None, eid: str, seq: int, message: dict, kind: str, now: float) -> tuple:
@@ -356,6 +345,21 @@ class Ledger:
                 else self._db.execute(query + " ORDER BY updated DESC")).fetchall()
         return [_session(r) for r in rows]
 
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def delete_session(self, session_key: str) -> int:
+        """Delete a session's events and record; returns the number of events deleted."""
+        with self._transaction():
+            self._write_pending()
+            deleted = self._db.execute("DELETE FROM events WHERE session_key = ?", (session_key,)).rowcount
+            self._db.execute("DELETE FROM sessions WHERE key = ?", (session_key,))
+        return deleted
+
+    def expired(self, before: float) -> list[str]:
+        """Keys of sessions not updated since `before` (epoch seconds): the retention sweep."""
+        self.flush()
+        return [r[0] for r in self._db.execute("SELECT key FROM sessions WHERE updated < ? ORDER BY updated", (before,))]
+
     def checkpoint(self) -> None:
         """Copy the WAL into the database file (blocking: call it from a worker thread)."""
         db = sqlite3.connect(str(self._path), timeout=10)
@@ -363,6 +367,10 @@ class Ledger:
             db.execute("PRAGMA wal_checkpoint(PASSIVE)")
         finally:
             db.close()
+
+    def ping(self) -> None:
+        """Raises when the database cannot be read (the readiness probe)."""
+        self._db.execute("SELECT 1 FROM sessions LIMIT 1").fetchall()
 
     def session_count(self) -> int:
         return self._db.execute("SELECT COUNT(*) FROM sessions").fetchone()[0]

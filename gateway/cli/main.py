@@ -29,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     inspect.add_argument("--tenant", help="Only this tenant's sessions.")
     inspect.add_argument("--view", action="store_true", help="Print the exact projected view of the head.")
     inspect.add_argument("--json", action="store_true", help="Machine-readable output.")
+    delete = sub.add_parser("delete", help="Delete a session: its ledger events, checkpoints and recall index.")
+    delete.add_argument("--config", help="TOML settings file.")
+    delete.add_argument("session", help="Session key (tenant/hash) or session id.")
     demo = sub.add_parser("demo", help="Offline demo: a simulated upstream, a long agent session, recall.")
     demo.add_argument("--rounds", type=int, default=40, help="Rounds of the bundled agent session to replay.")
     demo.add_argument("--keep", action="store_true", help="Keep the demo's store directory.")
@@ -46,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         return serve_forever(settings, host=args.host, port=args.port)
     if args.command == "reindex":
         return asyncio.run(reindex_all(settings))
+    if args.command == "delete":
+        return asyncio.run(delete_session_cli(settings, args.session))
     if args.command == "inspect":
         from gateway.cli.inspect import run_inspect
 
@@ -81,6 +86,30 @@ async def reindex_all(settings: Settings) -> int:
         if upstream is not None:
             await upstream.close()
     return 0
+
+
+async def delete_session_cli(settings: Settings, wanted: str) -> int:
+    """`palimpsest delete SESSION`: against the configured store (embedded or PostgreSQL)."""
+    from gateway.app import open_index
+    from store import close_stores, delete_session, open_stores
+
+    ledger, checkpoints = open_stores(settings.store)
+    index = None
+    try:
+        record = ledger.session(wanted)
+        matches = [record] if record else [r for r in ledger.sessions() if r.session_id == wanted]
+        if len(matches) != 1:
+            print(f"palimpsest: {'no' if not matches else 'more than one'} session '{wanted}'"
+                  + (" (give tenant/hash)" if matches else ""), file=sys.stderr)
+            return 1
+        index = await asyncio.to_thread(open_index, settings, None)
+        deleted = await delete_session(matches[0].key, ledger=ledger, checkpoints=checkpoints, index=index)
+        print(f"deleted {matches[0].key}: {deleted['events']} events, {deleted['checkpoints']} checkpoints, index dropped")
+        return 0
+    finally:
+        if index is not None:
+            index.close()
+        close_stores(ledger, checkpoints)
 
 
 def serve_forever(settings: Settings, *, host: str | None = None, port: int | None = None) -> int:

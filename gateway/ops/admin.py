@@ -5,6 +5,7 @@
     GET  /admin/sessions/{tenant}/{hash}           branches, events, checkpoints, per-request tokens
     GET  /admin/sessions/{tenant}/{hash}/view      the exact view the upstream would receive
     POST /admin/sessions/{tenant}/{hash}/view      same, with {"system", "tools", "model", ...}
+    DELETE /admin/sessions/{tenant}/{hash}         delete the session: ledger, checkpoints, recall index
 
 Query parameters of the session routes: ``head`` (an event id: another branch or an earlier
 point), ``model``, ``system``, ``max_tokens``, and for the view ``checkpoint`` (pin to what the
@@ -49,6 +50,7 @@ def setup_admin(app: web.Application) -> None:
     app.router.add_get("/admin/sessions/{tenant}/{digest}", session_detail)
     app.router.add_get("/admin/sessions/{tenant}/{digest}/view", session_view)
     app.router.add_post("/admin/sessions/{tenant}/{digest}/view", session_view)
+    app.router.add_delete("/admin/sessions/{tenant}/{digest}", session_delete)
 
 
 async def _off(request: web.Request) -> web.Response:
@@ -154,3 +156,15 @@ async def session_view(request: web.Request) -> web.Response:
     view = await inspector.projected_view(record, request.query.get("head") or None, inputs,
                                           checkpoint=request.query.get("checkpoint") or None)
     return _json(view)
+
+
+async def session_delete(request: web.Request) -> web.Response:
+    """Delete a session everywhere it is kept (store.delete_session)."""
+    from gateway.keys import INDEXER
+    from store import delete_session
+
+    inspector = _authorize(request)
+    record = _record(request, inspector)
+    index = await request.app[INDEXER].opened()
+    deleted = await delete_session(record.key, ledger=request.app[LEDGER], checkpoints=request.app[CHECKPOINTS], index=index)
+    return _json({"id": record.key, "object": "session.deleted", "deleted": True, **deleted})

@@ -137,3 +137,89 @@ async def test_fingerprint_fallback_and_off(start_gateway, upstream):
     await client(off, session=None).chat.completions.create(model="m", messages=[{"role": "user", "content": "pure"}])
     assert off.app[LEDGER].sessions() == []
     assert upstream.chat_requests()[-1]["json"]["messages"] == [{"role": "user", "content": "pure"}]
+
+
+# -- lifecycle: delete, readiness, answers durable when the response ends ---------------------
+
+ADMIN = "admin-token-for-tests"
+
+
+async def test_admin_delete_removes_ledger_checkpoints_and_index(start_gateway):
+    import aiohttp
+
+    from gateway.keys import CHECKPOINTS, INDEXER
+
+    gw = await start_gateway(server={"admin_token": ADMIN})
+    history = [{"role": "user", "content": "the vault code is 7781"}]
+    await client(gw, session="doomed").chat.completions.create(model="m", messages=history)
+    await client(gw, session="kept").chat.completions.create(model="m", messages=[{"role": "user", "content": "keep me"}])
+    ledger, record, events = session_events(gw, "doomed")
+    assert len(events) == 2
+    gw.app[CHECKPOINTS].add(record.key, boundary=events[0].id, summary="s", state={}, covered_tokens=1, covered_events=1,
+                            model="m", mode="async", previous=None, summary_tokens=1)
+    await gw.app[INDEXER].catch_up(record.key)
+    index = await gw.app[INDEXER].opened()
+    assert await index.chunk_keys(record.key)
+    url = f"{gw.root}/admin/sessions/{record.key}"
+    async with aiohttp.ClientSession() as http:
+        async with http.delete(url) as r:
+            assert r.status == 401
+        async with http.delete(url, headers={"Authorization": f"Bearer {ADMIN}"}) as r:
+            assert r.status == 200
+            assert await r.json() == {"id": record.key, "object": "session.deleted", "deleted": True, "events": 2, "checkpoints": 1}
+        async with http.delete(url, headers={"Authorization": f"Bearer {ADMIN}"}) as r:
+            assert r.status == 404
+    assert ledger.session(record.key) is None and ledger.since(record.key, -1) == []
+    assert gw.app[CHECKPOINTS].list(record.key) == []
+    assert await index.chunk_keys(record.key) == set()
+    assert [r.session_id for r in ledger.sessions()] == ["kept"]
+    # The same conversation sent again is a new session, recorded in full.
+    await client(gw, session="doomed").chat.completions.create(model="m", messages=history)
+    assert len(session_events(gw, "doomed")[2]) == 2
+
+
+async def test_cli_delete_by_session_id(start_gateway, capsys):
+    from gateway.cli.main import delete_session_cli
+
+    gw = await start_gateway()
+    await client(gw, session="cli-doomed").chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    settings = gw.settings
+    await gw.stop()
+    assert await delete_session_cli(settings, "cli-doomed") == 0
+    assert "2 events" in capsys.readouterr().out
+    assert await delete_session_cli(settings, "cli-doomed") == 1
+    from store.ledger import Ledger
+
+    ledger = Ledger(settings.store.path)
+    assert ledger.sessions() == []
+    ledger.close()
+
+
+async def test_readyz_reports_store_reachability(gateway):
+    import aiohttp
+
+    root = gateway.base_url[: -len("/v1")]
+    async with aiohttp.ClientSession() as http:
+        async with http.get(root + "/readyz") as r:
+            assert r.status == 200 and (await r.json())["status"] == "ready"
+        gateway.app[LEDGER]._db.close()  # the store goes away
+        async with http.get(root + "/readyz") as r:
+            assert r.status == 503
+    # Teardown closes the ledger again: give it a connection to close.
+    import sqlite3
+
+    gateway.app[LEDGER]._db = sqlite3.connect(":memory:")
+    gateway.app[LEDGER]._pending = []
+
+
+async def test_answer_is_durable_when_the_client_has_it(gateway, tmp_path):
+    """Issue 9 item 6: no in-memory window; once the client has the answer, another reader of
+    the store sees it (no flush, no waiting)."""
+    import sqlite3
+
+    r = await client(gateway, session="durable-now").chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}])
+    db = sqlite3.connect(str(tmp_path / "data" / "ledger.sqlite3"))
+    rows = db.execute("SELECT role FROM events ORDER BY seq").fetchall()
+    db.close()
+    assert rows == [("user",), ("assistant",)]
+    assert r.choices[0].message.content == "ok: q"
