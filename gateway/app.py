@@ -19,6 +19,7 @@ from gateway.http.proxy import passthrough
 from gateway.settings import Settings
 from gateway.recall.embeddings import RemoteEmbedder
 from gateway.chat.recall_loop import RecallLoop
+from gateway.chat.turn import TurnRecorder
 from gateway.jobs.indexer import Indexer
 from gateway.recall.tools import RecallTools
 from gateway.keys import INDEXER, CHECKPOINTS, COUNTER, IDENTITY, LEDGER, METRICS, PIPELINE, SETTINGS, SUMMARIZER, UPSTREAM
@@ -64,6 +65,8 @@ def create_app(settings: Settings) -> web.Application:
         {name: key.get_secret_value() for name, key in settings.tenants.items()},
         settings.session.header,
         settings.session.fallback,
+        require_key=settings.server.client_keys == "required"
+        or (settings.server.client_keys == "auto" and bool(settings.upstream.api_key.get_secret_value())),
     )
     app.cleanup_ctx.append(_resources)
     app.router.add_get("/healthz", healthz)
@@ -82,6 +85,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         settings.upstream.api_key.get_secret_value(),
         connect_timeout=settings.upstream.connect_timeout_s,
         read_timeout=settings.upstream.read_timeout_s,
+        first_byte_timeout=settings.upstream.first_byte_timeout_s,
+        idle_timeout=settings.upstream.idle_timeout_s,
         max_connections=settings.upstream.max_connections,
     )
     await upstream.start()
@@ -105,13 +110,17 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     app[COUNTER] = counter
     app[SUMMARIZER] = summarizer
     indexer = Indexer(ledger, lambda: open_index(settings, upstream))
+    recorder = TurnRecorder(ledger=ledger, metrics=metrics, summaries=summarizer, indexer=indexer, calibration=calibration)
+    recall = RecallLoop(
+        upstream=upstream, session_header=settings.session.header, views=views,
+        tools=RecallTools(ledger, indexer, metrics, settings.recall.search_limit,
+                          passage_tokens=settings.recall.passage_tokens,
+                          auto_tokens=settings.recall.auto_tokens), recorder=recorder,
+        max_rounds=settings.recall.max_rounds, metrics=metrics,
+    )
     pipeline = ChatPipeline(
         settings=settings, upstream=upstream, ledger=ledger, identity=app[IDENTITY], metrics=metrics,
-        views=views, summaries=summarizer, calibration=calibration, indexer=indexer,
-    )
-    pipeline.recall = RecallLoop(
-        pipeline=pipeline, tools=RecallTools(ledger, indexer, metrics, settings.recall.search_limit),
-        max_rounds=settings.recall.max_rounds, metrics=metrics,
+        views=views, recall=recall, recorder=recorder,
     )
     app[PIPELINE] = pipeline
     app[INDEXER] = indexer
@@ -142,7 +151,23 @@ def open_index(settings: Settings, upstream: Upstream | None):
                                   recall.embeddings_api_key.get_secret_value(), recall.embeddings_dim)
     else:
         embedder = default_embedder()
-    return SearchIndex(str(Path(settings.store.path) / "index"), embedder)
+    return SearchIndex(recall.index_uri or str(Path(settings.store.path) / "index"), embedder,
+                       storage_options=index_storage_options(recall), shared=bool(settings.store.url))
+
+
+def index_storage_options(recall) -> dict[str, str] | None:
+    """LanceDB storage options for an s3:// index_uri on an S3-compatible store."""
+    if not recall.index_uri.startswith("s3://"):
+        return None
+    options = {"region": recall.index_region}
+    if recall.index_endpoint:
+        options["endpoint"] = recall.index_endpoint
+        options["allow_http"] = str(recall.index_endpoint.startswith("http://")).lower()
+        options["aws_virtual_hosted_style_request"] = "false"
+    if recall.index_access_key_id.get_secret_value():
+        options["aws_access_key_id"] = recall.index_access_key_id.get_secret_value()
+        options["aws_secret_access_key"] = recall.index_secret_access_key.get_secret_value()
+    return options
 
 
 async def _retention(days: float, ledger, checkpoints, indexer, every_s: float = 3600.0) -> None:

@@ -33,6 +33,11 @@ class ServerSettings(_Section):
     host: str = Field("127.0.0.1", description="Interface to listen on.")
     port: int = Field(8787, ge=0, le=65535, description="TCP port (0 picks a free one).")
     admin_token: SecretStr = Field(SecretStr(""), description="Bearer token for /admin; empty turns the admin API off.")
+    client_keys: Literal["auto", "required", "off"] = Field(
+        "auto",
+        description="Must /v1 clients present a key listed under [tenants] (401 otherwise)? 'auto': when upstream.api_key "
+        "is set, so the gateway never lends the operator's key to anyone; 'required': always; 'off': never.",
+    )
     max_body_mb: float = Field(32.0, gt=0, description="Largest chat request body accepted (413 above).")
     shutdown_timeout_s: float = Field(30.0, ge=0, description="How long SIGTERM waits for in-flight work.")
 
@@ -41,7 +46,14 @@ class UpstreamSettings(_Section):
     base_url: str = Field("https://api.openai.com/v1", description="OpenAI-compatible base URL, ending in /v1.")
     api_key: SecretStr = Field(SecretStr(""), description="Key used upstream; empty forwards the client's Authorization.")
     connect_timeout_s: float = Field(10.0, gt=0, description="TCP/TLS connect timeout (502/504 after).")
-    read_timeout_s: float = Field(600.0, gt=0, description="Longest silence between upstream bytes (504 after).")
+    read_timeout_s: float = Field(600.0, gt=0, description="Cap on the two timeouts below (kept for older configs).")
+    first_byte_timeout_s: float = Field(
+        600.0, gt=0, description="Longest wait for the upstream to start answering: headers, then the first body chunk (504 after)."
+    )
+    idle_timeout_s: float = Field(
+        300.0, gt=0,
+        description="Longest silence between two chunks of an upstream body (504, or an error event in a started stream).",
+    )
     max_connections: int = Field(0, ge=0, description="Upstream connection pool size; 0 = unbounded.")
 
     @field_validator("base_url")
@@ -67,8 +79,9 @@ class StoreSettings(_Section):
 class SessionSettings(_Section):
     header: str = Field("X-Session-Id", description="Request header naming the session.")
     fallback: Literal["fingerprint", "off"] = Field(
-        "fingerprint",
-        description="Without the header: derive the session from the first message ('fingerprint') or pass through unrecorded ('off').",
+        "off",
+        description="Without the header: pass through unrecorded ('off'), or derive the session from the credential and "
+        "first message ('fingerprint': users behind one key who open alike would share it).",
     )
 
 

@@ -1,69 +1,40 @@
-"""POST /v1/chat/completions: the per-request pipeline (DESIGN §2).
+"""POST /v1/chat/completions: the per-request pipeline (docs/architecture.md, "A request's path").
 
 1. parse and validate; identify tenant and session,
 2. sync the messages into the ledger (durable before the upstream call),
 3-5. build the view the upstream receives (projection, compaction, recall tools, tailoring),
-6. forward; resolve recall calls; stream the answer to the client as it comes,
-7. record the answer, update metrics, let the summariser know.
+6. forward; resolve recall calls (``RecallLoop``); stream the answer to the client as it comes,
+7. record the answer, update metrics, let the summariser know (``TurnRecorder``).
 
 When the view equals what the client sent, the client's body bytes are forwarded unchanged.
+Big bodies are parsed, hashed and projected off the event loop (``gateway.chat.offload``).
+A failure after the client's stream started ends that stream with an error event; the answer
+is then incomplete and is not recorded.
 """
 
 from __future__ import annotations
 
-import logging
 import time
-from dataclasses import dataclass, field
 
 import orjson
 from aiohttp import web
 
-from gateway.chat.request import ChatRequest, parse_chat_request
-from gateway.http.sse import SSEDecoder, StreamAssembler
+from gateway.chat import offload
+from gateway.chat.recall_loop import RecallLoop, body_without_recall
+from gateway.chat.turn import Timing, Turn, TurnRecorder
+from gateway.chat.views import View, ViewBuilder
+from gateway.http.errors import GatewayError, UpstreamIncomplete
+from gateway.http.identity import Identity
+from gateway.http.sse import SSEDecoder, StreamAssembler, end_with_error
+from gateway.http.upstream import Upstream, response_headers
 from gateway.keys import LOG_FIELDS, MODEL, PIPELINE, REQUEST_ID, SESSION, TENANT
-from gateway.http.upstream import response_headers
-from gateway.chat.views import View
-from store.canonical import path_ids
+from store import call as store_call
 from store.ledger import SessionRef
-
-log = logging.getLogger("palimpsest.chat")
-ROUTE = "chat"
-
-
-@dataclass(slots=True)
-class Timing:
-    """Where the time of one request went; overhead = total - upstream."""
-
-    started: float = field(default_factory=time.perf_counter)
-    upstream: float = 0.0
-
-    def waiting(self, since: float) -> None:
-        self.upstream += time.perf_counter() - since
-
-
-@dataclass(slots=True)
-class Turn:
-    """One chat request on its way through the pipeline."""
-
-    chat: ChatRequest
-    ref: SessionRef | None
-    model_label: str
-    timing: Timing
-    view: "View"
-    headers: dict[str, str] = field(default_factory=dict)
-    answer: dict | None = None
-    usage: dict | None = None
-    auth: str | None = None  # the client's Authorization, kept in memory for summary calls
-    recall_calls: int = 0
-    recall_rounds: int = 0
-    recall_matches: dict[str, str] = field(default_factory=dict)  # this turn's search hits
 
 
 class ChatPipeline:
-    def __init__(self, *, settings, upstream, ledger, identity, metrics, views=None, recall=None, summaries=None,
-                 calibration=None, indexer=None) -> None:
-        self.calibration = calibration
-        self.indexer = indexer
+    def __init__(self, *, settings, upstream: Upstream, ledger, identity: Identity, metrics, views: ViewBuilder,
+                 recall: RecallLoop, recorder: TurnRecorder) -> None:
         self.settings = settings
         self.upstream = upstream
         self.ledger = ledger
@@ -71,52 +42,54 @@ class ChatPipeline:
         self.metrics = metrics
         self.views = views
         self.recall = recall
-        self.summaries = summaries
-        self._session_header = settings.session.header.lower()
+        self.recorder = recorder
+        self._drop = frozenset({settings.session.header.lower()})
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         timing = Timing()
-        chat = parse_chat_request(await request.read())
+        tenant = self.identity.tenant(request)  # 401 here for a missing/unknown client key
+        chat, ids = await offload.parse_and_hash(await request.read())
         model_label = self.metrics.model_label(chat.model)
         request[MODEL] = model_label
-        tenant = self.identity.tenant(request)
-        ref: SessionRef | None = None
-        if chat.history:
-            # Hash first: the fingerprint fallback names the session by its first event.
-            ids = path_ids(chat.history)
-            ref = self.identity.session(request, tenant, ids[0])
-            if ref is not None:
-                synced = self.ledger.sync(ref, chat.history, ids, chat.model)
-                chat.ids = synced.ids
-                if synced.added:
-                    self.metrics.ledger_events.labels("message").inc(synced.added)
-        else:
-            ref = self.identity.session(request, tenant, None)
+        # The fingerprint fallback (when enabled) names the session by its first event.
+        ref = self.identity.session(request, tenant, ids[0] if ids else None)
+        if ref is not None and ids:
+            synced = await store_call(self.ledger.sync, ref, chat.history, ids, chat.model)  # off the loop on PostgreSQL
+            chat.ids = synced.ids
+            if synced.added:
+                self.metrics.ledger_events.labels("message").inc(synced.added)
         request[TENANT] = tenant
         if ref is not None:
             request[SESSION] = ref.key
         auth = request.headers.get("Authorization")
-        view = await self.views.build(chat, ref, auth) if (self.views and ref) else View()
+        view = await offload.build_view(self.views, chat, ref, auth) if ref is not None else View()
         turn = Turn(chat, ref, model_label, timing, view, auth=auth)
         turn.headers["x-request-id"] = request.get(REQUEST_ID, "")
         if ref is not None:
-            turn.headers["x-palimpsest-session"] = ref.key.split("/", 1)[1]
+            turn.headers["x-palimpsest-session"] = ref.session_id
             turn.headers["x-palimpsest-prompt-tokens-client"] = str(view.client_tokens)
             turn.headers["x-palimpsest-prompt-tokens-upstream"] = str(view.upstream_tokens)
             if view.checkpoint:
                 turn.headers["x-palimpsest-checkpoint"] = view.checkpoint
-        status = 502
+            if view.truncated_tool_results:
+                turn.headers["x-palimpsest-truncated-tool-results"] = str(view.truncated_tool_results)
+            if view.truncated_last_message:
+                turn.headers["x-palimpsest-truncated-last-message"] = "true"
         try:
-            if view.recall_names is not None and self.recall is not None:
+            if view.recall_names is not None and not _many_choices(chat.body):
                 response = await self.recall.respond(request, turn)
             elif chat.stream:
                 response = await self._relay_stream(request, turn)
             else:
                 response = await self._relay_json(request, turn)
-            status = response.status
+            if turn.failure is None:
+                turn.status = response.status
             return response
+        except GatewayError as exc:
+            turn.status = exc.status  # rendered (and counted by kind) by the error middleware
+            raise
         finally:
-            self._observe(turn, status)
+            self.recorder.observe(turn)
             request[LOG_FIELDS] = {
                 "tokens_client": view.client_tokens, "tokens_upstream": view.upstream_tokens,
                 "upstream_ms": round(timing.upstream * 1000, 2), "recall_calls": turn.recall_calls,
@@ -124,123 +97,105 @@ class ChatPipeline:
 
     # -- forwarding ------------------------------------------------------------------------
 
-    def upstream_headers(self, request: web.Request, length: int):
-        headers = self.upstream.request_headers(request.headers, drop=frozenset({self._session_header}))
-        headers["Content-Type"] = "application/json"
-        headers["Content-Length"] = str(length)
-        return headers
-
-    def post_chat(self, request: web.Request, body: bytes):
-        """Open the upstream chat completion call carrying the client's headers."""
-        return self.upstream.request(
-            self.upstream.api, "POST", self.upstream.url("/v1/chat/completions"),
-            headers=self.upstream_headers(request, len(body)), data=body,
-        )
+    def _body(self, turn: Turn) -> bytes:
+        if turn.view.recall_names is not None:
+            # n > 1: the recall loop would have to resolve each choice's calls apart; the view
+            # goes without recall tools instead, and the choices stay the model's own.
+            return body_without_recall(turn, list(turn.view.messages or ()))
+        return turn.view.body(turn.chat)
 
     async def _relay_json(self, request: web.Request, turn: Turn) -> web.StreamResponse:
-        body = turn.view.body(turn.chat)
         t0 = time.perf_counter()
-        async with self.post_chat(request, body) as up:
-            payload = await up.read()
+        async with self.upstream.post_chat(request.headers, self._body(turn), drop=self._drop) as up:
+            payload = await self.upstream.reader(up).read()
             turn.timing.waiting(t0)
             headers = response_headers(up.headers, decoded=True)
             headers.update(turn.headers)
             if up.status == 200:
-                self._learn(turn, payload)
+                _learn(turn, payload)
             else:
                 self.metrics.upstream_error(up.status)
             response = web.Response(status=up.status, reason=up.reason, body=payload, headers=headers)
         await response.prepare(request)
         await response.write_eof()
-        self._record(turn)
+        await self.recorder.answer(turn)
         return response
 
     async def _relay_stream(self, request: web.Request, turn: Turn) -> web.StreamResponse:
-        body = turn.view.body(turn.chat)
         t0 = time.perf_counter()
-        async with self.post_chat(request, body) as up:
-            turn.timing.waiting(t0)
-            headers = response_headers(up.headers, decoded=True)
-            headers.update(turn.headers)
-            if up.status != 200 or "text/event-stream" not in up.headers.get("Content-Type", ""):
-                if up.status != 200:
-                    self.metrics.upstream_error(up.status)
-                t0 = time.perf_counter()
-                payload = await up.read()
+        response: web.StreamResponse | None = None
+        try:
+            async with self.upstream.post_chat(request.headers, self._body(turn), drop=self._drop) as up:
                 turn.timing.waiting(t0)
-                response = web.Response(status=up.status, reason=up.reason, body=payload, headers=headers)
+                reader = self.upstream.reader(up)
+                headers = response_headers(up.headers, decoded=True)
+                headers.update(turn.headers)
+                if up.status != 200 or "text/event-stream" not in up.headers.get("Content-Type", ""):
+                    if up.status != 200:
+                        self.metrics.upstream_error(up.status)
+                    t0 = time.perf_counter()
+                    payload = await reader.read()
+                    turn.timing.waiting(t0)
+                    if up.status == 200:
+                        _learn(turn, payload)  # a provider that ignored stream=true
+                    response = web.Response(status=up.status, reason=up.reason, body=payload, headers=headers)
+                    await response.prepare(request)
+                    await response.write_eof()
+                    await self.recorder.answer(turn)
+                    return response
+                response = web.StreamResponse(status=up.status, reason=up.reason, headers=headers)
                 await response.prepare(request)
+                assembler = await self._pump(reader, response, turn)
+                if assembler.finish_reason is None and not assembler.done:
+                    raise UpstreamIncomplete("The upstream's stream ended before the answer was complete.")
                 await response.write_eof()
-                return response
-            response = web.StreamResponse(status=up.status, reason=up.reason, headers=headers)
-            await response.prepare(request)
-            decoder, assembler = SSEDecoder(), StreamAssembler()
-            while True:
-                t0 = time.perf_counter()
-                chunk = await up.content.readany()
-                turn.timing.waiting(t0)
-                if not chunk:
-                    break
-                await response.write(chunk)
-                for data in decoder.feed(chunk):
-                    if data == "[DONE]":
-                        assembler.done = True
-                        continue
-                    try:
-                        assembler.add(orjson.loads(data))
-                    except (orjson.JSONDecodeError, AttributeError, TypeError):
-                        continue
-            await response.write_eof()
+        except GatewayError as exc:
+            if response is None or not response.prepared:
+                raise
+            self.recorder.failed_in_stream(turn, exc)
+            await end_with_error(response, exc)
+            return response
         if assembler.finish_reason is not None:
             turn.answer = assembler.message()
             turn.usage = assembler.usage
-        self._record(turn)
+        await self.recorder.answer(turn)
         return response
 
-    # -- after the answer ------------------------------------------------------------------
+    async def _pump(self, reader, response: web.StreamResponse, turn: Turn) -> StreamAssembler:
+        """Relay the upstream's bytes as they come, and rebuild the answer on the side."""
+        decoder, assembler = SSEDecoder(), StreamAssembler()
+        while True:
+            t0 = time.perf_counter()
+            chunk = await reader.chunk()
+            turn.timing.waiting(t0)
+            if not chunk:
+                return assembler
+            await response.write(chunk)
+            for data in decoder.feed(chunk):
+                if data == "[DONE]":
+                    assembler.done = True
+                    continue
+                try:
+                    assembler.add(orjson.loads(data))
+                except (orjson.JSONDecodeError, AttributeError, TypeError):
+                    continue
 
-    def _learn(self, turn: Turn, payload: bytes) -> None:
-        try:
-            data = orjson.loads(payload)
-            turn.answer = data["choices"][0]["message"]
-            turn.usage = data.get("usage")
-        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
-            turn.answer = None
 
-    def _record(self, turn: Turn) -> None:
-        if turn.ref is None or turn.answer is None:
-            return
-        parent = turn.chat.ids[-1] if turn.chat.ids else None
-        try:
-            event = self.ledger.append(turn.ref, parent, turn.answer, defer=True)
-        except Exception:
-            log.exception("recording the answer failed")
-            return
-        if self.summaries is not None:
-            self.summaries.after_turn(turn, event)
-        if self.indexer is not None and turn.view.messages is not None:
-            self.indexer.schedule(turn.ref.key)  # sessions that hide history will search it
+def _many_choices(body: dict) -> bool:
+    n = body.get("n")
+    return isinstance(n, int) and not isinstance(n, bool) and n > 1
 
-    def _observe(self, turn: Turn, status: int) -> None:
-        m = self.metrics
-        elapsed = time.perf_counter() - turn.timing.started
-        m.requests.labels(ROUTE, turn.model_label, str(status)).inc()
-        m.request_seconds.labels(ROUTE, turn.model_label).observe(elapsed)
-        m.upstream_seconds.labels(ROUTE, turn.model_label).observe(turn.timing.upstream)
-        m.overhead_seconds.labels(ROUTE).observe(max(0.0, elapsed - turn.timing.upstream))
-        view = turn.view
-        if view.client_tokens:
-            m.client_prompt_tokens.labels(turn.model_label).inc(view.client_tokens)
-            m.upstream_prompt_tokens.labels(turn.model_label).inc(view.upstream_tokens)
-            m.tokens_saved.labels(turn.model_label).inc(max(0, view.client_tokens - view.upstream_tokens))
-        usage = turn.usage
-        if usage and self.calibration is not None and turn.view.raw_estimate and not turn.recall_calls:
-            self.calibration.observe(turn.chat.model, turn.view.raw_estimate, usage.get("prompt_tokens") or 0)
-        if usage:
-            m.upstream_usage_prompt_tokens.labels(turn.model_label).inc(usage.get("prompt_tokens") or 0)
-            m.upstream_usage_completion_tokens.labels(turn.model_label).inc(usage.get("completion_tokens") or 0)
-            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-            m.upstream_usage_cached_tokens.labels(turn.model_label).inc(cached)
+
+def _learn(turn: Turn, payload: bytes) -> None:
+    """The answer of a complete non-streamed completion (choice 0), and its usage."""
+    try:
+        data = orjson.loads(payload)
+        choice = data["choices"][0]
+        turn.usage = data.get("usage")
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+        return
+    if isinstance(choice, dict) and choice.get("finish_reason") and isinstance(choice.get("message"), dict):
+        turn.answer = choice["message"]
 
 
 async def handle_chat(request: web.Request) -> web.StreamResponse:

@@ -1,4 +1,4 @@
-"""The recall loop (DESIGN §6): the gateway answers session_search / session_load itself.
+"""The recall loop (docs/architecture.md, "Recall"): the gateway answers session_search / session_load itself.
 
 When the view carries recall tools, the upstream's answer is inspected before the client sees
 it. Recall calls are executed, appended (call and result, stored as side events) and the
@@ -6,22 +6,49 @@ upstream is called again, up to ``recall.max_rounds`` rounds, then once more wit
 tools. The client sees one answer: in streaming mode content deltas pass through as they come,
 recall tool-call deltas never do, and the stream keeps one id with usage summed over every
 upstream call of the turn. When one response mixes client and recall calls, the client's win.
+
+The loop answers requests for one choice; with ``n > 1`` the pipeline forwards the view
+without recall tools (``body_without_recall``). An upstream failure after the client's stream
+started (a later round's error status, a reset, a stall, a stream that ends without its
+finish_reason) ends the stream with an error event, and the answer is not recorded.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from gateway.http.sse import SSEDecoder, StreamAssembler, encode_event
-from gateway.http.upstream import response_headers
+from gateway.chat.turn import Turn, TurnRecorder
+from gateway.chat.views import ViewBuilder
+from gateway.http.errors import GatewayError, UpstreamIncomplete, UpstreamUnreachable
+from gateway.http.sse import SSEDecoder, StreamAssembler, encode_event, end_with_error
+from gateway.http.upstream import Upstream, response_headers
 from policies import is_recall_call
 from policies.messages import call_name
 
 RECALL_CHOICE_KEYS = ("tool_choice", "parallel_tool_calls")
+
+
+def _without_recall(turn: Turn, messages: list[dict]) -> dict:
+    body = dict(turn.chat.body)
+    body["messages"] = messages
+    client_tools = turn.chat.body.get("tools")
+    if client_tools:
+        body["tools"] = client_tools
+    else:
+        body.pop("tools", None)
+        for key in RECALL_CHOICE_KEYS:
+            body.pop(key, None)
+    return body
+
+
+def body_without_recall(turn: Turn, messages: list[dict]) -> bytes:
+    """The request body with `messages` and the client's own tools only."""
+    return orjson.dumps(_without_recall(turn, messages))
 
 
 def _add_usage(total: dict | None, usage: dict | None) -> dict | None:
@@ -39,41 +66,52 @@ def _add_usage(total: dict | None, usage: dict | None) -> dict | None:
     return total
 
 
+@dataclass(slots=True)
+class _Relay:
+    """What the client has been sent so far in one streamed turn (across upstream calls)."""
+
+    response: web.StreamResponse | None = None
+    first: dict[str, Any] = field(default_factory=dict)  # id, created, model of the first chunk
+    client_index: dict[int, int] = field(default_factory=dict)  # upstream tool index -> client's
+    client_calls: dict[int, dict] = field(default_factory=dict)
+    content_parts: list[str] = field(default_factory=list)
+
+
 class RecallLoop:
-    def __init__(self, *, pipeline, tools, max_rounds: int, metrics) -> None:
-        self.pipeline = pipeline
+    def __init__(self, *, upstream: Upstream, session_header: str, views: ViewBuilder, tools, recorder: TurnRecorder,
+                 max_rounds: int, metrics) -> None:
+        self.upstream = upstream
+        self.views = views
         self.tools = tools
+        self.recorder = recorder
         self.max_rounds = max_rounds
         self.metrics = metrics
+        self._drop = frozenset({session_header.lower()})
 
     # -- shared ------------------------------------------------------------------------------
 
-    def _body(self, turn, messages: list[dict], with_recall: bool, stream: bool) -> bytes:
-        body = dict(turn.chat.body)
-        body["messages"] = messages
-        view = turn.view
+    def _body(self, turn: Turn, messages: list[dict], with_recall: bool, stream: bool) -> bytes:
         if with_recall:
-            body["tools"] = view.tools
+            body = dict(turn.chat.body)
+            body["messages"] = messages
+            body["tools"] = turn.view.tools
         else:
-            client_tools = turn.chat.body.get("tools")
-            if client_tools:
-                body["tools"] = client_tools
-            else:
-                body.pop("tools", None)
-                for key in RECALL_CHOICE_KEYS:
-                    body.pop(key, None)
+            body = _without_recall(turn, messages)
         if stream:
             # Usage of every call is needed to report the turn's total; the client's own
             # stream_options decide whether it is shown.
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
         return orjson.dumps(body)
 
+    def _post(self, request: web.Request, body: bytes):
+        return self.upstream.post_chat(request.headers, body, drop=self._drop)
+
     def _split(self, calls: list[dict], names: tuple[str, str]) -> tuple[list[dict], list[dict]]:
         recall = [c for c in calls if is_recall_call(c, names)]
         client = [c for c in calls if not is_recall_call(c, names)]
         return recall, client
 
-    async def _execute(self, turn, assistant: dict, recall_calls: list[dict]) -> list[dict]:
+    async def _execute(self, turn: Turn, assistant: dict, recall_calls: list[dict]) -> list[dict]:
         names = turn.view.recall_names
         results = []
         for call in recall_calls:
@@ -84,34 +122,28 @@ class RecallLoop:
             )
             results.append({"role": "tool", "tool_call_id": call.get("id"), "content": content})
         turn.recall_calls += len(recall_calls)
-        node = turn.chat.ids[-1] if turn.chat.ids else None
-        try:
-            self.pipeline.ledger.add_side_events(turn.ref, node, [assistant, *results])
-            self.metrics.ledger_events.labels("side").inc(1 + len(results))
-        except Exception:
-            pass  # the recall still answers; the audit trail is best effort
+        await self.recorder.side_events(turn, [assistant, *results])
         return results
 
-    def _fit(self, turn, messages: list[dict]) -> list[dict]:
+    def _fit(self, turn: Turn, messages: list[dict]) -> list[dict]:
         """The grown view, fitted to the window again: recall results must never push a
         request over it. When nothing can make them fit, recall stops and the model answers
         from the view it had."""
-        views = self.pipeline.views
         tools = turn.view.tools if turn.recall_rounds < self.max_rounds else turn.chat.body.get("tools")
-        fitted = views.refit(turn.chat, messages, tools, turn.view.budget)
+        fitted = self.views.refit(turn.chat, messages, tools, turn.view.budget)
         if fitted is None:
             turn.recall_rounds = self.max_rounds
             return list(turn.view.messages)
         return fitted
 
-    def _count_overhead(self, turn, usage: dict | None) -> None:
+    def _count_overhead(self, turn: Turn, usage: dict | None) -> None:
         """Every upstream call of a turn after the first exists because of recall: its tokens
         are the gateway's cost, set against the tokens it saved."""
         if usage and turn.recall_rounds > 0:
             spent = (usage.get("prompt_tokens") or 0) + (usage.get("completion_tokens") or 0)
             self.metrics.tokens_spent_overhead.labels("recall").inc(spent)
 
-    async def respond(self, request: web.Request, turn) -> web.StreamResponse:
+    async def respond(self, request: web.Request, turn: Turn) -> web.StreamResponse:
         try:
             if turn.chat.stream:
                 return await self._stream(request, turn)
@@ -121,8 +153,7 @@ class RecallLoop:
 
     # -- non-streaming -----------------------------------------------------------------------
 
-    async def _json(self, request: web.Request, turn) -> web.StreamResponse:
-        pipeline = self.pipeline
+    async def _json(self, request: web.Request, turn: Turn) -> web.StreamResponse:
         names = turn.view.recall_names
         messages = list(turn.view.messages)
         usage_total: dict | None = None
@@ -130,8 +161,8 @@ class RecallLoop:
             with_recall = turn.recall_rounds < self.max_rounds
             body = self._body(turn, messages, with_recall, stream=False)
             t0 = time.perf_counter()
-            async with pipeline.post_chat(request, body) as up:
-                payload = await up.read()
+            async with self._post(request, body) as up:
+                payload = await self.upstream.reader(up).read()
                 turn.timing.waiting(t0)
                 headers = response_headers(up.headers, decoded=True)
                 status, reason = up.status, up.reason
@@ -164,7 +195,8 @@ class RecallLoop:
                             choice["finish_reason"] = "stop"
             if usage_total is not None:
                 data["usage"] = usage_total
-            turn.answer = data["choices"][0]["message"]
+            if data["choices"][0].get("finish_reason"):
+                turn.answer = message
             turn.usage = usage_total
             return await self._send(request, turn, status, reason, orjson.dumps(data), headers, record=True)
 
@@ -175,75 +207,47 @@ class RecallLoop:
         await response.prepare(request)
         await response.write_eof()
         if record:
-            self.pipeline._record(turn)
+            await self.recorder.answer(turn)
         return response
 
     # -- streaming ---------------------------------------------------------------------------
 
-    async def _stream(self, request: web.Request, turn) -> web.StreamResponse:
-        pipeline = self.pipeline
+    async def _stream(self, request: web.Request, turn: Turn) -> web.StreamResponse:
+        relay = _Relay()
+        try:
+            return await self._stream_rounds(request, turn, relay)
+        except GatewayError as exc:
+            if relay.response is None or not relay.response.prepared:
+                raise
+            self.recorder.failed_in_stream(turn, exc)
+            await end_with_error(relay.response, exc)
+            return relay.response
+
+    async def _stream_rounds(self, request: web.Request, turn: Turn, relay: "_Relay") -> web.StreamResponse:
         names = turn.view.recall_names
         messages = list(turn.view.messages)
         want_usage = bool((turn.chat.body.get("stream_options") or {}).get("include_usage"))
-        response: web.StreamResponse | None = None
-        first: dict[str, Any] = {}
         usage_total: dict | None = None
-        client_index: dict[int, int] = {}
-        content_parts: list[str] = []
-        client_calls: dict[int, dict] = {}
         while True:
             with_recall = turn.recall_rounds < self.max_rounds
             body = self._body(turn, messages, with_recall, stream=True)
             t0 = time.perf_counter()
-            async with pipeline.post_chat(request, body) as up:
+            async with self._post(request, body) as up:
                 turn.timing.waiting(t0)
+                reader = self.upstream.reader(up)
                 if up.status != 200 or "text/event-stream" not in up.headers.get("Content-Type", ""):
-                    payload = await up.read()
-                    if response is None:
+                    payload = await reader.read()
+                    if relay.response is None:
                         return await self._send(request, turn, up.status, up.reason, payload, response_headers(up.headers, decoded=True))
-                    # Mid-turn failure after the stream started: end it with an error event.
-                    await response.write(encode_event({"error": {"message": "The upstream failed during recall.", "type": "upstream_error", "param": None, "code": str(up.status)}}))
-                    await response.write(encode_event("[DONE]"))
-                    await response.write_eof()
-                    return response
-                if response is None:
+                    raise UpstreamUnreachable(f"The upstream answered {up.status} during recall.", code=f"upstream_{up.status}")
+                if relay.response is None:
                     headers = response_headers(up.headers, decoded=True)
                     headers.update(turn.headers)
-                    response = web.StreamResponse(status=200, headers=headers)
-                    await response.prepare(request)
-                decoder, assembler = SSEDecoder(), StreamAssembler()
-                recall_idx: set[int] = set()
-                finish: str | None = None
-                call_usage = None
-                while True:
-                    t0 = time.perf_counter()
-                    chunk = await up.content.readany()
-                    turn.timing.waiting(t0)
-                    if not chunk:
-                        break
-                    out = bytearray()
-                    for data in decoder.feed(chunk):
-                        if data == "[DONE]":
-                            continue
-                        try:
-                            event = orjson.loads(data)
-                        except orjson.JSONDecodeError:
-                            continue
-                        if not isinstance(event, dict):
-                            continue
-                        if not first:
-                            first = {k: event.get(k) for k in ("id", "created", "model", "system_fingerprint")}
-                        assembler.add(event)
-                        if event.get("usage"):
-                            call_usage = event["usage"]
-                        forwarded = self._filter_chunk(event, first, names, recall_idx, client_index, client_calls, content_parts)
-                        for choice in event.get("choices") or ():
-                            if choice.get("index", 0) == 0 and choice.get("finish_reason"):
-                                finish = choice["finish_reason"]
-                        if forwarded is not None:
-                            out += encode_event(forwarded)
-                    if out:
-                        await response.write(bytes(out))
+                    relay.response = web.StreamResponse(status=200, headers=headers)
+                    await relay.response.prepare(request)
+                assembler, finish, call_usage = await self._relay_round(reader, turn, relay, names)
+            if finish is None:
+                raise UpstreamIncomplete("The upstream's stream ended before the answer was complete.")
             usage_total = _add_usage(usage_total, call_usage)
             self._count_overhead(turn, call_usage)
             calls = assembler.message().get("tool_calls") or []
@@ -254,21 +258,59 @@ class RecallLoop:
                 turn.recall_rounds += 1
                 messages = self._fit(turn, [*messages, assistant, *results])
                 continue
-            if finish == "tool_calls" and not client_calls:
+            if finish == "tool_calls" and not relay.client_calls:
                 finish = "stop"
-            tail = bytearray(encode_event({**first, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish or "stop"}]}))
+            first = relay.first
+            tail = bytearray(encode_event({**first, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}]}))
             if want_usage and usage_total is not None:
                 tail += encode_event({**first, "object": "chat.completion.chunk", "choices": [], "usage": usage_total})
             tail += encode_event("[DONE]")
-            await response.write(bytes(tail))
-            await response.write_eof()
-            answer: dict[str, Any] = {"role": "assistant", "content": "".join(content_parts) or None}
-            if client_calls:
-                answer["tool_calls"] = [client_calls[i] for i in sorted(client_calls)]
+            await relay.response.write(bytes(tail))
+            await relay.response.write_eof()
+            answer: dict[str, Any] = {"role": "assistant", "content": "".join(relay.content_parts) or None}
+            if relay.client_calls:
+                answer["tool_calls"] = [relay.client_calls[i] for i in sorted(relay.client_calls)]
             turn.answer = answer
             turn.usage = usage_total
-            self.pipeline._record(turn)
-            return response
+            await self.recorder.answer(turn)
+            return relay.response
+
+    async def _relay_round(self, reader, turn: Turn, relay: "_Relay", names) -> tuple[StreamAssembler, str | None, dict | None]:
+        """Relay one upstream stream's chunks as the client's view of them; returns the
+        rebuilt message, choice 0's finish_reason (None: the stream ended early) and usage."""
+        decoder, assembler = SSEDecoder(), StreamAssembler()
+        recall_idx: set[int] = set()
+        finish: str | None = None
+        call_usage = None
+        while True:
+            t0 = time.perf_counter()
+            chunk = await reader.chunk()
+            turn.timing.waiting(t0)
+            if not chunk:
+                return assembler, finish, call_usage
+            out = bytearray()
+            for data in decoder.feed(chunk):
+                if data == "[DONE]":
+                    continue
+                try:
+                    event = orjson.loads(data)
+                except orjson.JSONDecodeError:
+                    continue
+                if not isinstance(event, dict):
+                    continue
+                if not relay.first:
+                    relay.first = {k: event.get(k) for k in ("id", "created", "model", "system_fingerprint")}
+                assembler.add(event)
+                if event.get("usage"):
+                    call_usage = event["usage"]
+                forwarded = self._filter_chunk(event, relay.first, names, recall_idx, relay.client_index, relay.client_calls, relay.content_parts)
+                for choice in event.get("choices") or ():
+                    if choice.get("index", 0) == 0 and choice.get("finish_reason"):
+                        finish = choice["finish_reason"]
+                if forwarded is not None:
+                    out += encode_event(forwarded)
+            if out:
+                await relay.response.write(bytes(out))
 
     def _filter_chunk(self, event, first, names, recall_idx, client_index, client_calls, content_parts) -> dict | None:
         """The client's view of one upstream chunk: one id, no recall tool calls, no finish or

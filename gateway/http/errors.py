@@ -6,8 +6,12 @@
     ├── Unauthorized              401 (admin API)
     ├── NotFound                  404
     ├── PayloadTooLarge           413
-    ├── UpstreamUnreachable       502
-    └── UpstreamTimeout           504
+    ├── UpstreamUnreachable       502 (refused, reset, malformed)
+    │   └── UpstreamIncomplete    502 (the stream ended before its finish_reason)
+    └── UpstreamTimeout           504 (connect, first byte or idle timeout)
+
+Raised before the client's response started, an error becomes that response. Raised after a
+stream started, it is told as the stream's last event instead (``gateway.http.sse``).
 
 Upstream error responses are not GatewayErrors: they are relayed as they came (status, body
 and rate-limit headers), because clients retry on exactly what the provider said.
@@ -63,6 +67,10 @@ class UpstreamUnreachable(GatewayError):
     status = 502
     type = "upstream_error"
     code = "upstream_unreachable"
+
+
+class UpstreamIncomplete(UpstreamUnreachable):
+    code = "upstream_incomplete"
 
 
 class UpstreamTimeout(GatewayError):

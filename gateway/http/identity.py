@@ -3,6 +3,15 @@
 The tenant is a stable hash of the client's credential, or the name of a configured tenant
 whose key matches; the raw credential is never stored or logged. A session is always scoped by
 its tenant, so two tenants using the same session id never meet.
+
+With client keys required (``server.client_keys``; by default whenever ``upstream.api_key`` is
+set, because the gateway then spends the operator's key on the client's behalf), a request
+whose key is missing or not one of ``[tenants]`` gets a 401 before anything else happens.
+
+Without the session header, the request passes through unrecorded unless
+``session.fallback = "fingerprint"``, which names the session by the credential's tenant and
+the first message: everyone behind one key who opens with the same words shares that session
+(and may recall each other's turns), so it is off by default.
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ import hmac
 
 from aiohttp import web
 
+from gateway.http.errors import Unauthorized
 from store.ledger import SessionRef
 
 ANONYMOUS = "anonymous"
@@ -25,15 +35,20 @@ def credential_of(request: web.Request) -> str:
 
 
 class Identity:
-    def __init__(self, tenants: dict[str, str], session_header: str, fallback: str) -> None:
+    def __init__(self, tenants: dict[str, str], session_header: str, fallback: str, *, require_key: bool = False) -> None:
         self._tenants = [(name, key.encode()) for name, key in tenants.items()]
         self._header = session_header
         self._fallback = fallback
+        self.require_key = require_key
         self._cache: dict[str, str] = {}
 
     def tenant(self, request: web.Request) -> str:
+        """The request's tenant; Unauthorized (401) when a client key is required and this
+        request has none of the configured ones."""
         credential = credential_of(request)
         if not credential:
+            if self.require_key:
+                raise Unauthorized("This gateway requires a client API key (Authorization: Bearer <key>).")
             return ANONYMOUS
         cached = self._cache.get(credential)
         if cached is not None:
@@ -43,6 +58,8 @@ class Identity:
             if hmac.compare_digest(credential.encode(), key):
                 tenant = name
         if tenant is None:
+            if self.require_key:
+                raise Unauthorized("Incorrect API key provided: this gateway accepts only its configured client keys.")
             tenant = "t_" + hashlib.blake2b(credential.encode(), digest_size=8, person=b"palimpsest-tnt").hexdigest()
         if len(self._cache) > 10_000:
             self._cache.clear()

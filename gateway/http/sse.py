@@ -4,13 +4,21 @@ The decoder follows the SSE spec closely enough for OpenAI-compatible servers: e
 separated by a blank line (LF or CRLF), ``data:`` lines of one event are joined with newlines,
 comments and other fields are ignored. The assembler rebuilds the assistant message from the
 deltas (content, tool calls merged by index) so the gateway can record it in the ledger.
+
+A failure after the client's stream has started cannot change the status any more: it is told
+as one last event, ``data: {"error": {...}}`` (the OpenAI envelope, which the openai SDK raises
+as ``APIError``), and the connection is closed after it (``end_with_error``).
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import orjson
+from aiohttp import web
+
+from gateway.http.errors import GatewayError
 
 
 class SSEDecoder:
@@ -44,6 +52,19 @@ def _find_event_end(buffer: bytes) -> tuple[int, int]:
 def encode_event(payload: dict | str) -> bytes:
     data = payload if isinstance(payload, str) else orjson.dumps(payload).decode()
     return b"data: " + data.encode() + b"\n\n"
+
+
+def error_event(error: GatewayError) -> bytes:
+    return encode_event({"error": {"message": error.message, "type": error.type, "param": error.param, "code": error.code}})
+
+
+async def end_with_error(response: web.StreamResponse, error: GatewayError) -> None:
+    """End a started stream with `error` as its last event and close the connection (no
+    [DONE]: the answer is not complete, and a client must not take it for one)."""
+    response.force_close()
+    with contextlib.suppress(ConnectionError, RuntimeError):  # the client may be gone already
+        await response.write(error_event(error))
+        await response.write_eof()
 
 
 class StreamAssembler:

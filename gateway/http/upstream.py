@@ -1,8 +1,14 @@
-"""The upstream provider: one pooled HTTP client, header hygiene, error mapping.
+"""The upstream provider: one pooled HTTP client, header hygiene, error mapping, timeouts.
 
 Two client sessions share the pool settings: ``raw`` leaves bodies as they came (so compressed
 pass-through responses are relayed byte for byte with their Content-Encoding), ``api`` decodes
 them (the gateway reads chat completions to record answers and resolve recall calls).
+
+Three timeouts, because a provider fails in three different ways: it cannot be reached
+(``connect``), it accepts the request but never starts answering (``first_byte``: its response
+headers, then the first chunk of its body), or it starts and then stalls (``idle``: the longest
+silence between two chunks). Each ends in ``UpstreamTimeout`` (504); once the client's stream
+has started, the caller tells it inside the stream instead (``gateway.http.sse.end_with_error``).
 """
 
 from __future__ import annotations
@@ -28,11 +34,40 @@ HOP_BY_HOP = frozenset(
 SERVER_SET = frozenset({"server", "date"})
 
 
+class BodyReader:
+    """Chunks of an upstream body, each within its deadline: the first within the first-byte
+    timeout, every later one within the idle timeout. Transport failures and timeouts surface
+    as the GatewayErrors of ``Upstream.request`` (the reader is used inside that block)."""
+
+    def __init__(self, response: aiohttp.ClientResponse, first_byte_s: float, idle_s: float) -> None:
+        self._response = response
+        self._wait = first_byte_s
+        self._idle = idle_s
+
+    async def chunk(self) -> bytes:
+        """The next chunk, or b"" at the end of the body."""
+        async with asyncio.timeout(self._wait):
+            data = await self._response.content.readany()
+        self._wait = self._idle
+        return data
+
+    async def read(self) -> bytes:
+        parts = []
+        while chunk := await self.chunk():
+            parts.append(chunk)
+        return b"".join(parts)
+
+
 class Upstream:
-    def __init__(self, base_url: str, api_key: str, *, connect_timeout: float, read_timeout: float, max_connections: int) -> None:
+    def __init__(self, base_url: str, api_key: str, *, connect_timeout: float, read_timeout: float, max_connections: int,
+                 first_byte_timeout: float | None = None, idle_timeout: float | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
-        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_read=read_timeout)
+        self.first_byte_timeout = min(read_timeout, first_byte_timeout or read_timeout)
+        self.idle_timeout = min(read_timeout, idle_timeout or read_timeout)
+        # sock_read bounds the wait for the response headers; the body's chunks are timed by
+        # BodyReader, so a stall between chunks is told apart from a slow start.
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_read=self.first_byte_timeout)
         self._max_connections = max_connections
         self.raw: aiohttp.ClientSession | None = None
         self.api: aiohttp.ClientSession | None = None
@@ -71,6 +106,16 @@ class Upstream:
             out.popall("api-key", None)
             out["Authorization"] = f"Bearer {self.api_key}"
         return out
+
+    def reader(self, response: aiohttp.ClientResponse) -> BodyReader:
+        return BodyReader(response, self.first_byte_timeout, self.idle_timeout)
+
+    def post_chat(self, incoming: CIMultiDictProxy[str], body: bytes, *, drop: frozenset[str]):
+        """Open a chat completion call carrying the client's headers (minus `drop`) and `body`."""
+        headers = self.request_headers(incoming, drop=drop)
+        headers["Content-Type"] = "application/json"
+        headers["Content-Length"] = str(len(body))
+        return self.request(self.api, "POST", self.url("/v1/chat/completions"), headers=headers, data=body)
 
     @asynccontextmanager
     async def request(self, session: aiohttp.ClientSession | None, method: str, url: str, **kw) -> AsyncIterator[aiohttp.ClientResponse]:

@@ -34,6 +34,7 @@ class Metrics:
         self.overhead_seconds = Histogram(p + "gateway_overhead_seconds", "Request time not spent waiting on the upstream.", ["route"], buckets=OVERHEAD_BUCKETS, registry=r)
         self.in_flight = Gauge(p + "requests_in_flight", "Requests being handled.", registry=r)
         self.upstream_errors = Counter(p + "upstream_errors_total", "Upstream failures by kind (status code, unreachable, timeout).", ["kind"], registry=r)
+        self.incomplete_answers = Counter(p + "incomplete_answers_total", "Streams that failed after they started (answer not recorded), by kind.", ["kind"], registry=r)
         # Tokens.
         self.client_prompt_tokens = Counter(p + "client_prompt_tokens_total", "Prompt tokens the client sent (estimated).", ["model"], registry=r)
         self.upstream_prompt_tokens = Counter(p + "upstream_prompt_tokens_total", "Prompt tokens sent upstream (estimated, calibrated).", ["model"], registry=r)
@@ -70,6 +71,7 @@ class Metrics:
         self.store_bytes = Gauge(p + "store_bytes", "Bytes on disk by store component.", ["component"], registry=r)
         self.store_sessions = Gauge(p + "store_sessions", "Sessions in the ledger.", registry=r)
         self.ledger_events = Counter(p + "ledger_events_appended_total", "Events appended to the ledger.", ["kind"], registry=r)
+        self.store_write_errors = Counter(p + "store_write_errors_total", "Best-effort ledger writes that failed (answer, recall_side_events).", ["what"], registry=r)
 
     def model_label(self, model: str | None) -> str:
         if not model:

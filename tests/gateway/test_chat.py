@@ -52,7 +52,7 @@ async def test_plain_answer_and_upstream_receives_client_body_unchanged(gateway,
 
 
 async def test_upstream_api_key_replaces_client_credential(start_gateway, upstream):
-    gw = await start_gateway(upstream={"api_key": "sk-upstream-secret"})
+    gw = await start_gateway(upstream={"api_key": "sk-upstream-secret"}, tenants={"team-a": "sk-tenant-a"})
     await client(gw).chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
     assert upstream.chat_requests()[-1]["headers"]["authorization"] == "Bearer sk-upstream-secret"
 

@@ -122,7 +122,7 @@ async def test_named_tenant_from_config(start_gateway):
 
 
 async def test_fingerprint_fallback_and_off(start_gateway, upstream):
-    gw = await start_gateway()
+    gw = await start_gateway(session={"fallback": "fingerprint"})
     c = client(gw, session=None)
     history = [{"role": "user", "content": "no header here"}]
     r = await c.chat.completions.create(model="m", messages=history)

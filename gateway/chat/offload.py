@@ -1,0 +1,76 @@
+"""Big requests do their CPU work off the event loop, so one huge message cannot freeze the
+gateway (and its /healthz) for everyone else.
+
+Below ``BIG_BODY_BYTES`` everything stays inline: a thread hop costs more than parsing,
+hashing and counting a normal request (the pass-through overhead is measured in
+milliseconds). Above it, three steps move to a worker thread:
+
+- ``parse_and_hash``: JSON parsing and the content addresses of the history (``path_ids``);
+- ``build_view``: the whole view build (token counting, projection, compaction, tailoring). It
+  runs on a private event loop in the worker thread; the builder's asynchronous
+  collaborators (window discovery, sync summaries) are bounced back to the gateway's loop,
+  which owns their connections, locks and tasks (``OnLoop``).
+
+The token counter is shared with the gateway's loop, so what the worker counts (the big
+message) is cached for the summariser and the next turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+
+from gateway.chat.request import ChatRequest, parse_chat_request
+from gateway.chat.views import View, ViewBuilder
+from store.canonical import path_ids
+from store.ledger import SessionRef
+
+BIG_BODY_BYTES = 512 * 1024
+
+
+def is_big(raw: bytes) -> bool:
+    return len(raw) >= BIG_BODY_BYTES
+
+
+def _parse_and_hash(raw: bytes) -> tuple[ChatRequest, list[str]]:
+    chat = parse_chat_request(raw)
+    return chat, path_ids(chat.history) if chat.history else []
+
+
+async def parse_and_hash(raw: bytes) -> tuple[ChatRequest, list[str]]:
+    """The parsed request and its history's ids; in a worker thread when the body is big."""
+    if not is_big(raw):
+        return _parse_and_hash(raw)
+    return await asyncio.to_thread(_parse_and_hash, raw)
+
+
+class OnLoop:
+    """`target` seen from another thread: its coroutine methods run on `loop` (the one that
+    owns their sockets, locks and tasks) and are awaited from the calling thread's loop."""
+
+    def __init__(self, target, loop: asyncio.AbstractEventLoop) -> None:
+        self._target = target
+        self._loop = loop
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._target, name)
+        if not inspect.iscoroutinefunction(attr):
+            return attr
+
+        async def bounced(*args, **kwargs):
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(attr(*args, **kwargs), self._loop))
+
+        return bounced
+
+
+async def build_view(views: ViewBuilder, chat: ChatRequest, ref: SessionRef, auth: str | None) -> View:
+    """`views.build(...)`, on a worker thread when the request is big."""
+    if not is_big(chat.raw):
+        return await views.build(chat, ref, auth)
+    loop = asyncio.get_running_loop()
+    worker = copy.copy(views)
+    worker.windows = OnLoop(views.windows, loop)
+    if views.summarizer is not None:
+        worker.summarizer = OnLoop(views.summarizer, loop)
+    return await asyncio.to_thread(asyncio.run, worker.build(chat, ref, auth))

@@ -1,0 +1,126 @@
+"""One chat request on its way through the gateway, and what is written down about it.
+
+``Turn`` carries a request from the pipeline into the recall loop and back; ``TurnRecorder`` is
+the one place that records its outcome: the answer into the ledger (only a complete one), the
+recall loop's side events, the summariser and indexer nudges, and the request's metrics. Both
+the pipeline and the recall loop use it, so neither reaches into the other
+(docs/architecture.md, "A request's path").
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from gateway.chat.request import ChatRequest
+from gateway.chat.views import View
+from gateway.http.errors import GatewayError, UpstreamTimeout
+from store import call as store_call
+from store.ledger import SessionRef
+
+log = logging.getLogger("palimpsest.chat")
+ROUTE = "chat"
+
+
+@dataclass(slots=True)
+class Timing:
+    """Where the time of one request went; overhead = total - upstream."""
+
+    started: float = field(default_factory=time.perf_counter)
+    upstream: float = 0.0
+
+    def waiting(self, since: float) -> None:
+        self.upstream += time.perf_counter() - since
+
+
+@dataclass(slots=True)
+class Turn:
+    """One chat request on its way through the pipeline."""
+
+    chat: ChatRequest
+    ref: SessionRef | None
+    model_label: str
+    timing: Timing
+    view: View
+    headers: dict[str, str] = field(default_factory=dict)
+    answer: dict | None = None  # set only when the upstream's answer arrived complete
+    usage: dict | None = None
+    auth: str | None = None  # the client's Authorization, kept in memory for summary calls
+    recall_calls: int = 0
+    recall_rounds: int = 0
+    recall_matches: dict[str, str] = field(default_factory=dict)  # this turn's search hits
+    status: int = 502  # what the client was told (the error's status after a failed stream)
+    failure: GatewayError | None = None  # a failure told inside an already-started stream
+
+
+class TurnRecorder:
+    """Writes down what became of a turn; failures here never fail the client's request."""
+
+    def __init__(self, *, ledger, metrics, summaries, indexer, calibration) -> None:
+        self.ledger = ledger
+        self.metrics = metrics
+        self.summaries = summaries
+        self.indexer = indexer
+        self.calibration = calibration
+
+    async def answer(self, turn: Turn) -> None:
+        """Record the complete answer as the child of the request's last message."""
+        if turn.ref is None or turn.answer is None:
+            return
+        parent = turn.chat.ids[-1] if turn.chat.ids else None
+        try:
+            event = await store_call(self.ledger.append, turn.ref, parent, turn.answer, defer=True)
+        except Exception:
+            log.exception("recording the answer failed")
+            self.metrics.store_write_errors.labels("answer").inc()
+            return
+        self.summaries.after_turn(turn, event)
+        if turn.view.messages is not None:
+            self.indexer.schedule(turn.ref.key)  # sessions that hide history will search it
+
+    async def side_events(self, turn: Turn, messages: list[dict]) -> None:
+        """The recall loop's calls and results, hung off the request's last message. Best
+        effort: the recall still answers, but a lost audit trail is logged and counted."""
+        if turn.ref is None:
+            return
+        node = turn.chat.ids[-1] if turn.chat.ids else None
+        try:
+            await store_call(self.ledger.add_side_events, turn.ref, node, messages)
+        except Exception as exc:
+            # The type only: the messages are conversation text and never reach the logs.
+            log.warning("recording recall calls failed", extra={"fields": {"session": turn.ref.key, "error": type(exc).__name__}})
+            self.metrics.store_write_errors.labels("recall_side_events").inc()
+            return
+        self.metrics.ledger_events.labels("side").inc(len(messages))
+
+    def failed_in_stream(self, turn: Turn, error: GatewayError) -> None:
+        """The stream had started when `error` happened: the answer is incomplete (not
+        recorded), and the request counts with the error's status and kind."""
+        turn.failure = error
+        turn.status = error.status
+        turn.answer = None
+        kind = "timeout" if isinstance(error, UpstreamTimeout) else (error.code or "unreachable").removeprefix("upstream_")
+        self.metrics.upstream_error(kind=kind)
+        self.metrics.incomplete_answers.labels(kind).inc()
+
+    def observe(self, turn: Turn) -> None:
+        m = self.metrics
+        elapsed = time.perf_counter() - turn.timing.started
+        m.requests.labels(ROUTE, turn.model_label, str(turn.status)).inc()
+        m.request_seconds.labels(ROUTE, turn.model_label).observe(elapsed)
+        m.upstream_seconds.labels(ROUTE, turn.model_label).observe(turn.timing.upstream)
+        m.overhead_seconds.labels(ROUTE).observe(max(0.0, elapsed - turn.timing.upstream))
+        view = turn.view
+        if view.client_tokens:
+            m.client_prompt_tokens.labels(turn.model_label).inc(view.client_tokens)
+            m.upstream_prompt_tokens.labels(turn.model_label).inc(view.upstream_tokens)
+            m.tokens_saved.labels(turn.model_label).inc(max(0, view.client_tokens - view.upstream_tokens))
+        usage = turn.usage
+        if usage and view.raw_estimate and not turn.recall_calls:
+            self.calibration.observe(turn.chat.model, view.raw_estimate, usage.get("prompt_tokens") or 0)
+        if usage:
+            m.upstream_usage_prompt_tokens.labels(turn.model_label).inc(usage.get("prompt_tokens") or 0)
+            m.upstream_usage_completion_tokens.labels(turn.model_label).inc(usage.get("completion_tokens") or 0)
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            m.upstream_usage_cached_tokens.labels(turn.model_label).inc(cached)
