@@ -27,9 +27,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import re
 import time
-from typing import Any
+from typing import Any, Iterable
 
 import orjson
 from aiohttp import web
@@ -38,15 +37,17 @@ from simulator.counting import content_text, count_message, count_prompt, count_
 from simulator.errors import SIMULATED_NOTICE, PuppetError, error_middleware, injected_failure, invalid
 from simulator.extra_routes import (EMBEDDING_DIM, RECORD_BODY_LIMIT, dumps, echo, echo_gzip,
                                     echo_stream, embeddings, unit_vector)
+from simulator.options import add_arguments
 from simulator.script import RECALL_ANSWER_CHARS, Answer, decide, markers
-from simulator.state import PUPPET_STATE, RECEIVED, PuppetState, cached_tokens, record
+from simulator.state import (DEFAULT_MODELS, FIXTURE_MODELS, PUPPET_STATE, RECEIVED, PuppetState,
+                             cached_tokens, record)
 from simulator.streaming import ratelimit_headers, stream_completion
 from simulator.summary import SUMMARY_WORD_LIMIT, render_summary
 from simulator.validation import VALID_ROLES, check_window, parse_json_body, validate_chat
 
 # Everything other code imports from ``simulator.puppet`` stays importable from here.
-__all__ = ["EMBEDDING_DIM", "FINGERPRINT", "PUPPET_STATE", "RECALL_ANSWER_CHARS", "RECEIVED",
-           "RECORD_BODY_LIMIT", "SIMULATED_NOTICE", "SUMMARY_WORD_LIMIT", "VALID_ROLES", "Answer",
+__all__ = ["DEFAULT_MODELS", "EMBEDDING_DIM", "FIXTURE_MODELS", "FINGERPRINT", "PUPPET_STATE", "RECALL_ANSWER_CHARS", "RECEIVED",
+           "RECORD_BODY_LIMIT", "SIMULATED_NOTICE", "SUMMARY_WORD_LIMIT", "VALID_ROLES", "Answer", "add_arguments",
            "PuppetError", "PuppetState", "check_window", "content_text", "count_message",
            "count_prompt", "count_text", "create_puppet_app", "decide", "injected_failure",
            "invalid", "main", "parse_json_body", "render_summary", "start_puppet", "unit_vector",
@@ -70,12 +71,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if body is None:
         parse_json_body(raw)
     validate_chat(body)
+    state.require_model(body["model"])
     if state.failures:
         raise injected_failure(state.failures.pop(0))
     last_text = content_text(body["messages"][-1].get("content"))
     marks = markers(last_text)
     if "fail" in marks:
         raise injected_failure(int(marks["fail"]))
+    if request.headers.get("x-palimpsest-purpose", "").lower() == "summary":
+        await summary_faults(state)
     model = body["model"]
     prompt_tokens = count_prompt(body)
     check_window(body, prompt_tokens, state.window(model))
@@ -86,6 +90,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     summary = request.headers.get("x-palimpsest-purpose", "").lower() == "summary"
     n = body.get("n") or 1
     answers = [decide(body, summary) for _ in range(n)]
+    if summary and state.summary_format == "ignore":  # a model that ignores the required headings
+        answers = [Answer(content="\n".join(line.lstrip("#").strip() for line in (a.content or "").splitlines()))
+                   for a in answers]
     completion_id = f"chatcmpl-puppet{state.next_id():012d}"
     choices = [_choice(i, a, state) for i, a in enumerate(answers)]
     completion_tokens = sum(_completion_tokens(c["message"]) for c in choices)
@@ -132,14 +139,22 @@ def model_card(model: str, window: int) -> dict[str, Any]:
             "max_model_len": window}
 
 
-def known_models(state: PuppetState) -> list[str]:
-    return list(dict.fromkeys([*state.windows, "fake-8k", "fake-32k", "fake-128k"]))
+async def summary_faults(state: PuppetState) -> None:
+    """Summary calls only: the failures and delay of a weak or rate-limited summary model."""
+    status = state.summary_failures.pop(0) if state.summary_failures else state.summary_status
+    if status:
+        error = injected_failure(status)
+        if status == 429:
+            error.headers["retry-after"] = state.retry_after
+        raise error
+    if state.summary_latency_s:
+        await asyncio.sleep(state.summary_latency_s)
 
 
 async def list_models(request: web.Request) -> web.Response:
     state = request.app[PUPPET_STATE]
     await record(request, b"", None)
-    data = [model_card(m, state.window(m)) for m in known_models(state)]
+    data = [model_card(m, state.window(m)) for m in state.known_models()]
     return web.json_response({"object": "list", "data": data}, dumps=dumps)
 
 
@@ -147,9 +162,7 @@ async def get_model(request: web.Request) -> web.Response:
     state = request.app[PUPPET_STATE]
     await record(request, b"", None)
     model = request.match_info["model"]
-    if model not in known_models(state) and not re.search(r"-\d+k$", model):
-        raise PuppetError(404, f"The model '{model}' does not exist or you do not have access "
-                          "to it.", code="model_not_found")
+    state.require_model(model)
     return web.json_response(model_card(model, state.window(model)), dumps=dumps)
 
 
@@ -160,13 +173,20 @@ async def get_model(request: web.Request) -> web.Response:
 
 def create_puppet_app(*, default_window: int = 128_000, windows: dict[str, int] | None = None,
                       chunk_chars: int = 12, latency_s: float = 0.0,
-                      keep_received: int | None = None) -> web.Application:
-    """A SIMULATED OpenAI-compatible provider (see the module docstring)."""
+                      keep_received: int | None = None,
+                      models: Iterable[str] | None = None) -> web.Application:
+    """A SIMULATED OpenAI-compatible provider (see the module docstring).
+
+    It serves the models named in `windows` and `models` (default: DEFAULT_MODELS plus the
+    FIXTURE_MODELS tests and benchmarks use) and any ``fake-<N>k``; other names get 404.
+    """
     app = web.Application(middlewares=[error_middleware], client_max_size=1 << 30)
     app[RECEIVED] = []
     app[PUPPET_STATE] = PuppetState(default_window=default_window, windows=dict(windows or {}),
                                     chunk_chars=chunk_chars, latency_s=latency_s,
-                                    keep_received=keep_received)
+                                    keep_received=keep_received,
+                                    models=tuple(DEFAULT_MODELS + FIXTURE_MODELS if models is None
+                                                 else models))
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", get_model)
@@ -188,32 +208,36 @@ async def start_puppet(host: str = "127.0.0.1", port: int = 0,
     return runner, f"http://{host}:{bound_port}/v1"
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m simulator.puppet", description=__doc__.split(
-        "\n\n")[0] + " Serves until interrupted.")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8790)
-    parser.add_argument("--default-window", type=int, default=128_000)
-    parser.add_argument("--window", action="append", default=[], metavar="MODEL=TOKENS",
-                        help="context window for a model name (repeatable)")
-    parser.add_argument("--chunk-chars", type=int, default=12)
-    parser.add_argument("--latency", type=float, default=0.0, help="seconds before each answer")
-    parser.add_argument("--keep-received", type=int, default=1000,
-                        help="requests kept in memory for inspection")
-    args = parser.parse_args(argv)
-    windows = {}
-    for item in args.window:
+def app_from_args(args: argparse.Namespace) -> web.Application:
+    windows: dict[str, int] = {}
+    extra: list[str] = []
+    for item in [*args.window, *args.model]:
         model, _, tokens = item.partition("=")
-        windows[model] = int(tokens)
-    app = create_puppet_app(default_window=args.default_window, windows=windows,
-                            chunk_chars=args.chunk_chars, latency_s=args.latency,
-                            keep_received=args.keep_received)
+        extra.append(model)
+        if tokens:
+            windows[model] = int(tokens)
+    return create_puppet_app(default_window=args.default_window, windows=windows,
+                             chunk_chars=args.chunk_chars, latency_s=args.latency,
+                             keep_received=args.keep_received,
+                             models=(*DEFAULT_MODELS, *FIXTURE_MODELS, *extra))
+
+
+def serve(args: argparse.Namespace, banner: str | None = None) -> None:
+    """Serve until interrupted."""
+    app = app_from_args(args)
     with contextlib.suppress(ImportError):
         import uvloop  # optional: the benchmark's upstream should not be its bottleneck
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    print(f"puppet ({SIMULATED_NOTICE}) on http://{args.host}:{args.port}/v1", flush=True)
+    print(banner or f"puppet ({SIMULATED_NOTICE}) on http://{args.host}:{args.port}/v1", flush=True)
     web.run_app(app, host=args.host, port=args.port, access_log=None, print=None)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m simulator.puppet", description=__doc__.split(
+        "\n\n")[0] + " Serves until interrupted.")
+    add_arguments(parser)
+    serve(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

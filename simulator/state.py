@@ -9,6 +9,9 @@ import orjson
 from aiohttp import web
 
 from simulator.counting import count_message, window_for
+from simulator.errors import PuppetError
+from simulator.options import DEFAULT_MODELS, FIXTURE_MODELS, MODEL_FAMILIES
+
 
 
 @dataclass
@@ -29,6 +32,17 @@ class PuppetState:
     disconnected: list[str] = field(default_factory=list)
     counter: int = 0
     last_prompt: dict[str, list[tuple[bytes, int]]] = field(default_factory=dict)
+    # Model names served besides those in `windows` and the fake-<N>k family.
+    models: tuple[str, ...] = DEFAULT_MODELS + FIXTURE_MODELS
+    # Summary calls only (x-palimpsest-purpose: summary), to play a weak or rate-limited summary
+    # model: statuses the next ones fail with (first in, first out), a status every one fails
+    # with, the Retry-After sent with a 429, a delay before answering, and "ignore" to answer
+    # without the required headings.
+    summary_failures: list[int] = field(default_factory=list)
+    summary_status: int | None = None
+    retry_after: str = "1"
+    summary_latency_s: float = 0.0
+    summary_format: str = "follow"
 
     def next_id(self) -> int:
         self.counter += 1
@@ -36,6 +50,18 @@ class PuppetState:
 
     def window(self, model: str) -> int:
         return window_for(model, self.windows, self.default_window)
+
+    def known_models(self) -> list[str]:
+        """The names /v1/models lists."""
+        return list(dict.fromkeys([*self.windows, *self.models]))
+
+    def require_model(self, model: str) -> None:
+        """404 model_not_found, as the provider answers, for a model it does not serve."""
+        if (model in self.windows or model in self.models
+                or any(family.fullmatch(model) for family in MODEL_FAMILIES)):
+            return
+        raise PuppetError(404, f"The model `{model}` does not exist or you do not have access "
+                          "to it.", code="model_not_found")
 
 
 RECEIVED: web.AppKey[list[dict[str, Any]]] = web.AppKey("puppet_received", list)

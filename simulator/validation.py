@@ -34,6 +34,7 @@ def validate_chat(body: Any) -> None:
         value = body.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise invalid(f"Invalid value for '{key}': expected a positive integer.", param=key)
+    _check_sampling(body)
     if body.get("stream_options") is not None and not body.get("stream"):
         raise invalid("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
                        param="stream_options", code="invalid_value")
@@ -78,6 +79,58 @@ def validate_chat(body: Any) -> None:
                            "unless tool_calls are present.", param=f"messages[{i}].content")
     if pending:
         raise _unanswered(pending, pending_at)
+
+
+# Numeric sampling parameters and their ranges, as the provider documents them.
+NUMBER_RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0),
+                 "presence_penalty": (-2.0, 2.0), "frequency_penalty": (-2.0, 2.0)}
+
+
+def _check_sampling(body: dict[str, Any]) -> None:
+    """Wrong types get 400 like the provider: numbers in range, booleans, strings, objects."""
+    for key, (low, high) in NUMBER_RANGES.items():
+        value = body.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise invalid(f"Invalid type for '{key}': expected a decimal, but got "
+                          f"{_json_type(value)} instead.", param=key, code="invalid_type")
+        if not low <= value <= high:
+            raise invalid(f"Invalid '{key}': decimal above maximum value. Expected a value <= "
+                          f"{high:g}, but got {value} instead." if value > high else
+                          f"Invalid '{key}': decimal below minimum value. Expected a value >= "
+                          f"{low:g}, but got {value} instead.", param=key,
+                          code="decimal_above_max_value" if value > high
+                          else "decimal_below_min_value")
+    for key, kind, name in (("stream", bool, "a boolean"), ("logprobs", bool, "a boolean"),
+                            ("parallel_tool_calls", bool, "a boolean"), ("user", str, "a string"),
+                            ("stream_options", dict, "an object"), ("metadata", dict, "an object"),
+                            ("response_format", dict, "an object")):
+        value = body.get(key)
+        if value is not None and not isinstance(value, kind):
+            raise invalid(f"Invalid type for '{key}': expected {name}, but got "
+                          f"{_json_type(value)} instead.", param=key, code="invalid_type")
+    seed = body.get("seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise invalid("Invalid type for 'seed': expected an integer, but got "
+                      f"{_json_type(seed)} instead.", param="seed", code="invalid_type")
+    stop = body.get("stop")
+    if stop is not None and not (isinstance(stop, str) or (
+            isinstance(stop, list) and len(stop) <= 4 and all(isinstance(s, str) for s in stop))):
+        raise invalid("Invalid 'stop': expected a string or an array of at most 4 strings.",
+                      param="stop", code="invalid_value")
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object" if isinstance(value, dict) else "null"
 
 
 def _tool_call_ids(message: dict[str, Any], i: int) -> set[str]:

@@ -1,4 +1,4 @@
-"""The ``palimpsest`` command: serve (and the admin tools that later issues add)."""
+"""The ``palimpsest`` command: serve, simulate, inspect, reindex, demo."""
 
 from __future__ import annotations
 
@@ -35,7 +35,17 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="Offline demo: a simulated upstream, a long agent session, recall.")
     demo.add_argument("--rounds", type=int, default=40, help="Rounds of the bundled agent session to replay.")
     demo.add_argument("--keep", action="store_true", help="Keep the demo's store directory.")
+    simulate = sub.add_parser(
+        "simulate", help="Run a SIMULATED upstream (scripted, no key, no network) to try serve against.",
+        description="A SIMULATED OpenAI-compatible provider on loopback: answers are scripted, not "
+        "generated. Strict like a real one (unknown models 404, wrong types 400). In another terminal: "
+        "PALIMPSEST_UPSTREAM__BASE_URL=http://127.0.0.1:8790/v1 palimpsest serve")
+    from simulator.options import add_arguments
+
+    add_arguments(simulate)
     args = parser.parse_args(argv)
+    if args.command == "simulate":
+        return run_simulator(args)
     if args.command == "demo":
         from gateway.cli.demo import run_demo
 
@@ -56,6 +66,17 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_inspect(args, settings)
     return 1
+
+
+def run_simulator(args: argparse.Namespace) -> int:
+    """``palimpsest simulate``: the puppet in the foreground until Ctrl-C."""
+    from simulator.puppet import SIMULATED_NOTICE, serve
+
+    url = f"http://{args.host}:{args.port}/v1"
+    serve(args, banner=f"{SIMULATED_NOTICE}\nlistening on {url}; point the gateway at it:\n"
+          f"  PALIMPSEST_UPSTREAM__BASE_URL={url} palimpsest serve\n"
+          "models: fake-8k, fake-32k, fake-128k, any fake-<N>k (window N thousand tokens)")
+    return 0
 
 
 async def reindex_all(settings: Settings) -> int:

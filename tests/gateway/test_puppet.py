@@ -486,3 +486,112 @@ async def test_other_routes_echo_and_large_uploads_stream(puppet):
     assert unzipped["path"] == "/v1/echo/gzip"
     assert [a[1]["line"] for a in arrivals] == [0, 1, 2, 3]
     assert arrivals[-1][0] - arrivals[0][0] >= 0.1  # lines arrive over time, not at once
+
+
+# --- strict like a real provider: models and parameter types ----------------------------------
+
+
+async def test_unknown_model_is_404_model_not_found_like_openai(client, puppet):
+    with pytest.raises(openai.NotFoundError) as caught:
+        await client.chat.completions.create(model="gpt-made-up", messages=[user("hi")])
+    assert caught.value.status_code == 404
+    assert caught.value.body == {"message": "The model `gpt-made-up` does not exist or you do not have "
+                                 "access to it.", "type": "invalid_request_error", "param": None,
+                                 "code": "model_not_found"}
+    with pytest.raises(openai.NotFoundError):
+        await client.models.retrieve("gpt-made-up")
+    # Served: configured windows, the default set and any fake-<N>k.
+    for model in ("tiny", "fake-8k", "m", "fake-64k"):
+        done = await client.chat.completions.create(model=model, messages=[user("hi")])
+        assert done.model == model
+    assert (await client.models.retrieve("fake-64k")).model_extra["context_length"] == 64_000
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"temperature": "hot"}, "temperature"),
+    ({"temperature": 2.5}, "temperature"),
+    ({"temperature": -0.1}, "temperature"),
+    ({"temperature": True}, "temperature"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"presence_penalty": "x"}, "presence_penalty"),
+    ({"max_tokens": 1.5}, "max_tokens"),
+    ({"max_tokens": "10"}, "max_tokens"),
+    ({"stream": "yes"}, "stream"),
+    ({"seed": 1.5}, "seed"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"user": 5}, "user"),
+])
+async def test_wrong_types_and_ranges_are_400(puppet, extra, param):
+    body = {"model": "fake-8k", "messages": [user("hi")], **extra}
+    async with aiohttp.ClientSession() as s:
+        async with s.post(puppet[1] + "/chat/completions", json=body) as r:
+            assert r.status == 400
+            error = (await r.json())["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+
+
+async def test_messages_must_be_a_list(puppet):
+    async with aiohttp.ClientSession() as s:
+        async with s.post(puppet[1] + "/chat/completions", json={"model": "fake-8k", "messages": "hi"}) as r:
+            assert r.status == 400
+            assert (await r.json())["error"]["param"] == "messages"
+
+
+async def test_valid_sampling_parameters_pass(client):
+    done = await client.chat.completions.create(
+        model="fake-8k", messages=[user("hi")], temperature=0, top_p=1, presence_penalty=-2,
+        frequency_penalty=2, seed=7, stop=["x"], user="u1", max_tokens=10)
+    assert done.choices[0].message.content == "ok: hi"
+
+
+async def test_served_models_are_configurable():
+    from simulator.puppet import create_puppet_app
+
+    app = create_puppet_app(models=("house-model",), windows={"sized": 4_000})
+    runner = aiohttp.web.AppRunner(app)
+    await runner.setup()
+    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+    try:
+        async with openai.AsyncOpenAI(base_url=url, api_key="k", max_retries=0) as sdk:
+            assert {m.id for m in (await sdk.models.list()).data} == {"house-model", "sized"}
+            await sdk.chat.completions.create(model="house-model", messages=[user("hi")])
+            with pytest.raises(openai.NotFoundError):
+                await sdk.chat.completions.create(model="m", messages=[user("hi")])
+    finally:
+        await runner.cleanup()
+
+
+def test_palimpsest_simulate_serves_until_interrupted(tmp_path):
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "gateway", "simulate", "--port", str(port),
+                             "--model", "house-model=2000"], stdout=subprocess.PIPE, text=True)
+    try:
+        banner = proc.stdout.readline() + proc.stdout.readline() + proc.stdout.readline()
+        assert "SIMULATED" in banner
+        assert f"PALIMPSEST_UPSTREAM__BASE_URL=http://127.0.0.1:{port}/v1 palimpsest serve" in banner
+        with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0) as sdk:
+            assert sdk.models.retrieve("house-model").model_extra["context_length"] == 2000
+            assert sdk.chat.completions.create(model="fake-32k", messages=[user("hello")]).choices[0].message.content == "ok: hello"
+            with pytest.raises(openai.NotFoundError):
+                sdk.chat.completions.create(model="nope", messages=[user("hello")])
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=10)
+        proc.stdout.close()
+
+
+def test_simulate_is_in_the_cli_help():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "gateway", "--help"], capture_output=True, text=True, check=True)
+    assert "simulate" in out.stdout
