@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import secrets
+import socket
 import time
 from typing import Any, Callable, TypeVar
 
@@ -23,6 +26,45 @@ async def call(method: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     if getattr(getattr(method, "__self__", None), "blocking", False):
         return await asyncio.to_thread(method, *args, **kwargs)
     return method(*args, **kwargs)
+
+
+async def offload(store, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """Run `fn` (a function doing several calls on `store`) like `call` would run one of them."""
+    if getattr(store, "blocking", False):
+        return await asyncio.to_thread(fn, *args, **kwargs)
+    return fn(*args, **kwargs)
+
+
+# Who holds a lease: this process, unique across hosts and restarts.
+HOLDER = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+class Lease:
+    """A held lease (`acquire`); `release` frees it early, otherwise it expires on its own."""
+
+    def __init__(self, store, name: str) -> None:
+        self.store, self.name = store, name
+
+    async def release(self) -> None:
+        try:
+            await call(self.store.release_lease, self.name, HOLDER)
+        except Exception:
+            log.warning("releasing a lease failed; it expires on its own", exc_info=True)
+
+
+async def acquire(store, name: str, ttl_s: float) -> Lease | None:
+    """The lease `name` for this process for `ttl_s` seconds, or None while another holds it.
+    Stores without leases (test doubles) grant every request."""
+    if not hasattr(store, "acquire_lease"):
+        return Lease(_NoLeases(), name)
+    if await call(store.acquire_lease, name, HOLDER, ttl_s):
+        return Lease(store, name)
+    return None
+
+
+class _NoLeases:
+    def release_lease(self, name: str, holder: str) -> None:
+        pass
 
 
 def open_stores(store_settings) -> tuple[Any, Any]:

@@ -112,10 +112,18 @@ def _sql_string(value: str) -> str:
 
 class SearchIndex:
     def __init__(
-        self, path: str, embedder: Embedder, chunk_chars: int = 1200, overlap_chars: int = 200
+        self, path: str, embedder: Embedder, chunk_chars: int = 1200, overlap_chars: int = 200,
+        *, storage_options: dict[str, str] | None = None, shared: bool = False,
     ) -> None:
         split_chunks("", chunk_chars, overlap_chars)  # validates the sizes now, not on first add
         self._path = path
+        # Replicas share one index (an s3:// URI): each read checks for other writers' commits,
+        # and what another replica indexed since this one's high-water mark is looked up, not
+        # assumed new (docs/architecture.md, Scale-out).
+        self._shared = shared
+        self._connect_options: dict = {"storage_options": storage_options} if storage_options else {}
+        if shared:
+            self._connect_options["read_consistency_interval"] = timedelta(0)
         self._embedder = embedder
         self._chunk_chars = chunk_chars
         self._overlap_chars = overlap_chars
@@ -151,7 +159,7 @@ class SearchIndex:
             unique = list({event.event_id: event for event in events}.values())
             # seq is the ledger's insertion order, so an event above the high-water mark cannot
             # be indexed yet; only events at or below it need a look-up.
-            maybe_known = [event.event_id for event in unique if event.seq <= high_water]
+            maybe_known = [event.event_id for event in unique if self._shared or event.seq <= high_water]
             known = await self._existing_ids(session, session_key, maybe_known)
             rows = [
                 (event, number, text)
@@ -290,7 +298,7 @@ class SearchIndex:
 
     async def _connection(self) -> lancedb.AsyncConnection:
         if self._db is None:
-            self._db = await lancedb.connect_async(self._path)
+            self._db = await lancedb.connect_async(self._path, **self._connect_options)
         return self._db
 
     async def _session(self, session_key: str) -> _Session | None:
@@ -349,7 +357,7 @@ class SearchIndex:
 
     def _read_high_water(self, session_key: str) -> int:
         if self._sync_db is None:
-            self._sync_db = lancedb.connect(self._path)
+            self._sync_db = lancedb.connect(self._path, **self._connect_options)
         try:
             table = self._sync_db.open_table(_table_name(session_key))
         except ValueError:

@@ -36,6 +36,7 @@ from policies import (
     tailor,
 )
 from store.checkpoints import Checkpoint
+from store import call as store_call
 from store.ledger import SessionRef
 
 log = logging.getLogger("palimpsest.views")
@@ -106,7 +107,7 @@ class ViewBuilder:
         raw_estimate = self.counter.count_messages(chat.instructions + chat.history, keys) + tools_tokens
         client_tokens = self.calibration.scale(chat.model, raw_estimate)
         positions = {eid: i for i, eid in enumerate(chat.ids)}
-        found = self.checkpoints.newest_on_path(ref.key, positions)
+        found = await store_call(self.checkpoints.newest_on_path, ref.key, positions)
         view = View(client_tokens=client_tokens, upstream_tokens=client_tokens, budget=budget, policy=policy,
                     window=window, raw_estimate=raw_estimate)
         if found is None and client_tokens <= policy.summary_trigger_ratio * budget:
@@ -118,7 +119,7 @@ class ViewBuilder:
             checkpoint = await self.summarizer.sync(ref, chat, policy, auth, deadline=started + policy.sync_budget_s, budget=budget)
             self.metrics.sync_wait_seconds.observe(time.perf_counter() - started)
             if checkpoint is not None:
-                found = self.checkpoints.newest_on_path(ref.key, positions)
+                found = await store_call(self.checkpoints.newest_on_path, ref.key, positions)
                 projection = self._project(chat, policy, found)
             if projection.tokens > policy.sync_compaction_ratio * budget:
                 # Out of time (or the summary failed): go ahead with the deterministic state

@@ -7,6 +7,7 @@ import logging
 from typing import TYPE_CHECKING, Callable
 
 from policies.messages import call_arguments, call_name, content_text, tool_calls
+from store import call as store_call
 from store.ledger import Event, Ledger
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ class Indexer:
         index = await self.opened()
         async with lock:
             seq = index.indexed_seq(session_key)
-            events = [e for e in self.ledger.since(session_key, seq) if e.kind == "message"]
+            events = [e for e in await store_call(self.ledger.since, session_key, seq) if e.kind == "message"]
             if not events:
                 return 0
             batch = [IndexedEvent(e.id, e.seq, e.role, e.created, event_text(e)) for e in events]

@@ -33,6 +33,7 @@ from policies import (
     render_summary_request,
     validate_summary,
 )
+from store import acquire as store_acquire, call as store_call
 from store.checkpoints import Checkpoint
 from store.ledger import SessionRef
 
@@ -194,7 +195,7 @@ class Summarizer:
     async def _plan(self, job: SummaryJob) -> int | None:
         """Summary call latencies the job needs end to end (parallel parts count once per
         wave, plus the merge), or None when there is nothing to cover."""
-        bounds = self._bounds(job)
+        bounds = await self._bounds(job)
         if bounds is None:
             return None
         start, end, _ = bounds
@@ -212,9 +213,9 @@ class Summarizer:
         room = window - 2 * policy.summary_max_words - SUMMARY_PROMPT_ROOM
         return max(1000, min(policy.summary_chunk_tokens, room))
 
-    def _bounds(self, job: SummaryJob) -> tuple[int, int, Checkpoint | None] | None:
+    async def _bounds(self, job: SummaryJob) -> tuple[int, int, Checkpoint | None] | None:
         positions = {eid: i for i, eid in enumerate(job.ids)}
-        found = self.checkpoints.newest_on_path(job.ref.key, positions)
+        found = await store_call(self.checkpoints.newest_on_path, job.ref.key, positions)
         previous, pos = found if found else (None, -1)
         start = pos + 1
         policy = job.policy.for_budget(job.budget) if job.budget else job.policy
@@ -224,7 +225,20 @@ class Summarizer:
         return start, start + cut, previous
 
     async def _run(self, job: SummaryJob) -> Checkpoint | None:
-        bounds = self._bounds(job)
+        # One replica summarises a session at a time: a lease in the store, which expires if
+        # its holder dies (store.acquire). The bounds are read under it, so a replica that
+        # follows another sees the checkpoint the other just wrote.
+        lease = await store_acquire(self.checkpoints, "summary:" + job.ref.key, job.policy.summary_timeout_s + 30)
+        if lease is None:
+            self.metrics.summary_dropped.labels("leased").inc()
+            return None
+        try:
+            return await self._run_leased(job)
+        finally:
+            await lease.release()
+
+    async def _run_leased(self, job: SummaryJob) -> Checkpoint | None:
+        bounds = await self._bounds(job)
         if bounds is None:
             return None
         start, end, previous = bounds
@@ -243,8 +257,8 @@ class Summarizer:
             self.counter.count_message(m, k) for m, k in zip(delta, delta_ids)
         )
         summary_tokens = self.counter.count_text(summary or "")
-        cp = self.checkpoints.add(
-            job.ref.key, boundary=job.ids[end - 1], summary=summary or "", state=state, covered_tokens=covered_tokens,
+        cp = await store_call(
+            self.checkpoints.add, job.ref.key, boundary=job.ids[end - 1], summary=summary or "", state=state, covered_tokens=covered_tokens,
             covered_events=end, model=policy.summary_model or job.model, mode=job.mode,
             previous=previous.id if previous else None, summary_tokens=summary_tokens,
         )

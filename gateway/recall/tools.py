@@ -16,6 +16,7 @@ import orjson
 
 from gateway.jobs.indexer import Indexer, event_text
 from policies.messages import call_arguments
+from store import offload
 from store.ledger import Event, Ledger
 
 log = logging.getLogger("palimpsest.recall")
@@ -55,7 +56,7 @@ class RecallTools:
                 for hit in result.get("results", ()):
                     matches.setdefault(hit["event_id"], hit["snippet"])
             else:
-                result = self._load(args, session_key, path_ids, matches)
+                result = await offload(self.ledger, self._load, args, session_key, path_ids, matches)
             outcome = "error" if "error" in result else "ok"
         except (orjson.JSONDecodeError, ValueError, TypeError) as exc:
             result = {"error": f"invalid arguments: {exc}", "note": HISTORICAL_NOTE}
