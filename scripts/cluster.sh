@@ -188,7 +188,7 @@ case "${1:-}" in
   status) status ;;
   env) replica_env ;;
   pg) case "${2:-}" in up) pg_up ;; down) pg_down ;; *) die "pg up|down" ;; esac ;;
-  s3) s3_up ;;
+  s3) case "${2:-up}" in up) s3_up ;; down) stop_pid "$DIR/run/moto.pid" ;; *) die "s3 up|down" ;; esac ;;
   upstream) upstream_up ;;
   nginx) nginx_up "${2:-$(cat "$DIR/replicas" 2>/dev/null || echo 3)}" ;;
   replica) replica "${2:?replica index}" "${3:?start|stop|kill}" ;;

@@ -86,3 +86,25 @@ def pg_url(postgres):
     yield postgres["url"].format(db=name)
     with psycopg.connect(postgres["admin"], autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(scope="session")
+def s3(postgres):
+    """moto's S3 server (started by cluster.sh next to the PostgreSQL); yields [recall] settings."""
+    env = postgres["env"]
+    cluster(env, "s3", "up")
+    endpoint = f"http://127.0.0.1:{int(env['BASE_PORT']) + 1}"
+    yield {"index_uri": "s3://palimpsest-index/{prefix}", "index_endpoint": endpoint,
+           "index_access_key_id": "testing", "index_secret_access_key": "testing"}
+    cluster(env, "s3", "down")
+
+
+@pytest.fixture
+def shared_store(pg_url, s3, tmp_path):
+    """Settings sections for replicas sharing one PostgreSQL database and one S3 index."""
+    prefix = "t" + secrets.token_hex(4)
+
+    def sections(replica: int, **extra) -> dict:
+        return {"store": {"path": str(tmp_path / f"replica-{replica}"), "url": pg_url},
+                "recall": {**s3, "index_uri": s3["index_uri"].format(prefix=prefix)}, **extra}
+    return sections
