@@ -318,6 +318,8 @@ async def start_gateway(upstream_url: str, store: Path, **sections: Any) -> Gate
     sections["upstream"] = {"base_url": upstream_url, "api_key": API_KEY, **sections.get("upstream", {})}
     sections["store"] = {"path": str(store), **sections.get("store", {})}
     sections.setdefault("log", {"level": "ERROR"})
+    # One benchmark client on loopback: no client keys (they would only add a 401 path here).
+    sections["server"] = {"client_keys": "off", **sections.get("server", {})}
     settings = load_settings(None, **sections)
     app = create_app(settings)
     runner, port = await _serve(app)

@@ -6,10 +6,10 @@ only stateful objects (``TokenCounter``, ``Calibration``) are created by the she
 
 from policies.compaction import CompactionStats, compact_tool_results, truncate_head_tail
 from policies.extraction import extract_exact_values, format_exact_values, merge_state
-from policies.policy import Policy, PolicyOverride, ToolRule, resolve_policy
+from policies.policy import PROFILES, Policy, PolicyOverride, ToolRule, resolve_policy
 from policies.projection import project_view, render_summary_block
 from policies.recall_tools import is_recall_call, recall_note, recall_tool_names, recall_tools
-from policies.rounds import choose_boundary, split_rounds, tool_pair_problems
+from policies.rounds import choose_boundary, last_user_index, split_rounds, tool_pair_problems
 from policies.summary import (
     DEFAULT_SUMMARY_PROMPT,
     REQUIRED_SECTIONS,
@@ -25,6 +25,7 @@ from policies.tokens import Calibration, TokenCounter
 
 __all__ = [
     "DEFAULT_SUMMARY_PROMPT",
+    "PROFILES",
     "REQUIRED_SECTIONS",
     "Calibration",
     "CompactionStats",
@@ -41,6 +42,7 @@ __all__ = [
     "format_exact_values",
     "format_transcript",
     "is_recall_call",
+    "last_user_index",
     "merge_state",
     "project_view",
     "recall_note",

@@ -45,33 +45,78 @@ class ToolRule(BaseModel):
     tail_tokens: int = Field(100, ge=0, description="Tokens kept from the end of a truncated result.")
 
 
+# Named bundles of the keys that trade fidelity for cost (docs/architecture.md, "Policies").
+# A key set explicitly (in [policy] or an override) wins over its profile's value.
+PROFILES: dict[str, dict[str, Any]] = {
+    # Smallest views: a summary and a short raw tail once a session passes a third of the budget.
+    "economy": {
+        "summary_trigger_ratio": 0.35, "sync_compaction_ratio": 0.7, "keep_recent_tokens": 8000,
+        "keep_recent_share": 0.15, "compact_trigger_ratio": 0.4, "view_target_ratio": 0.2,
+    },
+    # Fit first: old tool payloads go early (they are recoverable), conversation is summarised
+    # only down to a large raw tail, and a request that fits is not made to wait for a summary.
+    "balanced": {
+        "summary_trigger_ratio": 0.7, "sync_compaction_ratio": 0.85, "keep_recent_tokens": 96_000,
+        "keep_recent_share": 0.5, "compact_trigger_ratio": 0.5, "view_target_ratio": 0.25,
+    },
+    # Nearly untouched until the window is nearly full; for models that must see everything.
+    "fidelity": {
+        "summary_trigger_ratio": 0.85, "sync_compaction_ratio": 0.92, "keep_recent_tokens": 1_000_000,
+        "keep_recent_share": 0.65, "compact_trigger_ratio": 0.75, "view_target_ratio": 0.5,
+    },
+}
+PROFILE_KEYS = frozenset(k for bundle in PROFILES.values() for k in bundle)
+
+
 class Policy(BaseModel):
     """The context policy for one request (after overrides)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    profile: Literal["economy", "balanced", "fidelity"] = Field(
+        "balanced",
+        description="Preset for the trigger ratios, raw-tail share and view target below: 'economy' (cheapest views), "
+        "'balanced' (fit first: tool payloads go early, conversation stays raw while it fits), 'fidelity' (nearly "
+        "untouched until the window is nearly full). Keys set explicitly win over the profile.",
+    )
     keep_recent_rounds: int = Field(
-        3, ge=1, description="Newest API rounds kept raw after a summary boundary: the model needs the live exchange verbatim."
+        3, ge=1,
+        description="Newest API rounds (an assistant message and the tool results answering it) never compacted and "
+        "always raw after a summary boundary: the model needs the live exchange verbatim.",
     )
     keep_recent_tokens: int = Field(
-        8000, ge=0, description="Cap on the raw tail's tokens; fewer rounds stay raw above it, but the last round always does."
+        96_000, ge=0,
+        description="Cap on the raw tail kept after a summary boundary (the profile sets it); older API rounds are "
+        "summarised, but the last round always stays raw.",
     )
     keep_recent_share: float = Field(
-        0.15, gt=0, le=1,
-        description="The raw tail's cap as a share of the budget too (the smaller wins): after a summary the view must "
-        "fall well below the trigger, or summaries (and prompt-cache misses) follow every few turns on small windows.",
+        0.5, gt=0, le=1,
+        description="The raw tail's cap as a share of the budget too (the smaller wins; the profile sets it): a "
+        "summary covers only what the view cannot keep raw.",
     )
     summary_trigger_ratio: float = Field(
-        0.5, description="Share of the context window at which an asynchronous summary job is enqueued after the response."
+        0.7, description="Share of the budget at which an asynchronous summary job is enqueued after the response (the profile sets it)."
     )
     sync_compaction_ratio: float = Field(
-        0.7, description="Share of the window above which the request waits for a summary: async would be too late."
+        0.85, description="Share of the budget above which the request waits for a summary: async would be too late (the profile sets it)."
+    )
+    compact_trigger_ratio: float = Field(
+        0.5,
+        description="Share of the budget above which old tool results become placeholders (the profile sets it); they "
+        "go in one batch, down to view_target_ratio, so the prompt prefix changes rarely.",
+    )
+    view_target_ratio: float = Field(
+        0.25,
+        description="Share of the budget the view settles at after tool-result compaction (the profile sets it): far "
+        "enough below the window that calls stay cheap and the provider's prompt cache keeps hitting.",
     )
     reserve_tokens: int = Field(
         1024, ge=0, description="Tokens held back from the budget to absorb estimation error against the provider's count."
     )
     injection: Literal["system", "user"] = Field(
-        "system", description="Where the summary block goes: appended to the first system message, or as a user turn."
+        "system",
+        description="Where the summary block goes: a system message right after the client's own (which stay "
+        "byte-identical, like its tools), or a user turn before the first user message of the view.",
     )
     compact_min_tokens: int = Field(
         300, ge=0, description="Tool results smaller than this stay verbatim: a placeholder would save too little."
@@ -120,8 +165,25 @@ class Policy(BaseModel):
         0.5, description="Share of extracted ids/paths/versions/emails a summary must keep verbatim to be accepted."
     )
     recall: bool = Field(True, description="Inject session_search/session_load when anything is hidden from the model.")
+    truncate_last_message: bool = Field(
+        False,
+        description="Cut the newest user message head/tail when nothing else makes the request fit (a response header "
+        "says so); false answers 400 context_length_exceeded with the numbers instead of altering it silently.",
+    )
 
-    @field_validator("summary_trigger_ratio", "sync_compaction_ratio", "summary_required_values_ratio")
+    @model_validator(mode="before")
+    @classmethod
+    def _profile_defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        profile = data.get("profile", "balanced")
+        bundle = PROFILES.get(profile) if isinstance(profile, str) else None
+        if bundle is None:
+            return data  # the Literal check names the key and the allowed values
+        return {**bundle, **data}
+
+    @field_validator("summary_trigger_ratio", "sync_compaction_ratio", "summary_required_values_ratio",
+                     "compact_trigger_ratio", "view_target_ratio")
     @classmethod
     def _ratio(cls, value: float, info) -> float:
         if not 0 < value <= 1:
@@ -151,6 +213,11 @@ class Policy(BaseModel):
             raise ValueError(
                 f"Policy 'sync_compaction_ratio' has value {self.sync_compaction_ratio!r}, below "
                 f"'summary_trigger_ratio' {self.summary_trigger_ratio!r}. It must be >= the async trigger."
+            )
+        if self.view_target_ratio > self.compact_trigger_ratio:
+            raise ValueError(
+                f"Policy 'view_target_ratio' has value {self.view_target_ratio!r}, above "
+                f"'compact_trigger_ratio' {self.compact_trigger_ratio!r}. Compaction settles below its trigger."
             )
         return self
 
@@ -242,4 +309,8 @@ def resolve_policy(base: Policy, overrides: list[PolicyOverride], model: str, se
             merged.update(override.policy)
     if not merged:
         return base
-    return Policy.model_validate(base.model_dump() | merged)
+    dump = base.model_dump()
+    if "profile" in merged:
+        # A profile chosen by the override brings its whole bundle; keys the override sets win.
+        dump = {k: v for k, v in dump.items() if k not in PROFILE_KEYS}
+    return Policy.model_validate(dump | merged)

@@ -1,4 +1,4 @@
-"""Projection: the model's view = instructions + summary block + the raw turns after the boundary.
+"""Projection: the model's view = instructions + summary block + the turns after the boundary.
 
 The summary block is framed as historical context, never as instructions, and carries the
 structured exact values so they survive any paraphrase. Inputs are never mutated: the shell
@@ -51,18 +51,6 @@ def is_summary_block(message: dict) -> bool:
     return message.get("role") == "user" and isinstance(content, str) and content.startswith(SUMMARY_OPEN)
 
 
-def _append_text(message: dict, block: str) -> dict:
-    copy = dict(message)
-    content = message.get("content")
-    if isinstance(content, list):
-        copy["content"] = [*content, {"type": "text", "text": block}]
-    elif content:
-        copy["content"] = f"{content}\n\n{block}"
-    else:
-        copy["content"] = block
-    return copy
-
-
 def project_view(
     system_messages: list[dict],
     tail: list[dict],
@@ -71,16 +59,16 @@ def project_view(
 ) -> list[dict]:
     """``system_messages + tail`` with the summary block injected; inputs are left untouched.
 
-    "system": appended to the first system message (or a new system message at index 0).
-    "user": a user message holding the block, placed before the tail's first user turn (or at
-    the start of the tail), where it cannot fall between a tool call and its results.
+    "system": a system message of its own right after the client's system/developer messages,
+    which stay byte-identical (like the client's tools), so a new checkpoint changes the prompt
+    only from the block on. "user": a user message holding the block, placed before the tail's
+    first user turn (or at the start of the tail), where it cannot fall between a tool call and
+    its results.
     """
     if not summary_block:
         return [*system_messages, *tail]
     if injection == "system":
-        if system_messages:
-            return [_append_text(system_messages[0], summary_block), *system_messages[1:], *tail]
-        return [{"role": "system", "content": summary_block}, *tail]
+        return [*system_messages, {"role": "system", "content": summary_block}, *tail]
     if injection == "user":
         at = next((i for i, m in enumerate(tail) if m.get("role") == "user"), 0)
         block = {"role": "user", "content": summary_block}

@@ -1,8 +1,12 @@
 """API rounds: the unit in which history is kept, summarised, compacted and dropped.
 
-A round starts at a user message and runs to the next one, so an assistant tool call and its
-results always share a round. Cutting history only at round ends keeps every request valid by
-OpenAI's tool-pairing rules, which ``tool_pair_problems`` states as a checkable function.
+An API round is one model turn: an assistant message plus the tool results answering its
+calls. A round also starts at every user message, so a round is a user message and the answer
+to it, or one step of an agent loop inside a user turn (the assistant's next call after tool
+results). A 60-call chain under one user message is 60 rounds, so it can be compacted and
+summarised like any conversation. An assistant tool call and its results always share a round;
+cutting history only at closed round ends keeps every request valid by OpenAI's tool-pairing
+rules, which ``tool_pair_problems`` states as a checkable function.
 """
 
 from __future__ import annotations
@@ -17,20 +21,32 @@ if TYPE_CHECKING:
 
 
 def split_rounds(messages: list[dict]) -> list[tuple[int, int]]:
-    """Half-open ``[start, end)`` ranges over non-system messages, one per round.
+    """Half-open ``[start, end)`` ranges over non-system messages, one per API round.
 
-    A new round starts at every user message; whatever precedes the first user message (a
-    greeting, an orphan tool exchange) forms round 0 on its own.
+    A new round starts at every user message and at every non-tool message that follows a
+    tool message (the model's next step after reading results); whatever precedes the first
+    such start forms round 0 on its own.
     """
     bounds: list[tuple[int, int]] = []
     start = 0
+    previous = None
     for index, message in enumerate(messages):
-        if message.get("role") == "user" and index > start:
+        role = message.get("role")
+        if index > start and (role == "user" or (previous == "tool" and role != "tool")):
             bounds.append((start, index))
             start = index
+        previous = role
     if start < len(messages):
         bounds.append((start, len(messages)))
     return bounds
+
+
+def last_user_index(messages: list[dict]) -> int | None:
+    """Index of the newest user message: the one that started the current turn."""
+    for index in range(len(messages) - 1, -1, -1):
+        if messages[index].get("role") == "user":
+            return index
+    return None
 
 
 def tool_pair_problems(messages: list[dict]) -> list[str]:
@@ -111,30 +127,40 @@ def choose_boundary(
 ) -> int | None:
     """End index (exclusive) of the prefix of ``messages`` to summarise, or None.
 
-    The newest ``keep_recent_rounds`` rounds stay raw, fewer when they exceed
-    ``keep_recent_tokens``, but never fewer than one. The cut sits at the end of a complete
-    round, moving earlier if needed, so no tool call is separated from its results.
+    The raw tail is the newest API rounds that fit ``keep_recent_tokens`` (the caller scales it
+    to the budget with ``Policy.for_budget``), at least ``keep_recent_rounds`` of them unless
+    those alone exceed the cap, and never fewer than one: a summary covers only what the view
+    cannot keep raw. The cut may fall inside a user turn (the caller keeps
+    that turn's user message in the view). It sits at the end of a closed round, moving earlier
+    if needed, so no tool call is separated from its results. None when there is nothing worth
+    a summary: everything fits the tail, or the part to cover is under a quarter of the tail's
+    cap (summaries come in batches, so the prompt prefix changes rarely).
     """
     rounds = split_rounds(messages)
     if len(rounds) < 2:
         return None
     if keys is None:
         keys = [None] * len(messages)
+    sizes = [counter.count_message(m, k) for m, k in zip(messages, keys)]
 
     def round_tokens(r: int) -> int:
         start, end = rounds[r]
-        return sum(counter.count_message(messages[i], keys[i]) for i in range(start, end))
+        return sum(sizes[start:end])
 
     n = len(rounds)
+    cap = policy.keep_recent_tokens
     kept, kept_tokens = 1, round_tokens(n - 1)
-    while kept < min(policy.keep_recent_rounds, n):
+    while kept < n:
         more = round_tokens(n - 1 - kept)
-        if kept_tokens + more > policy.keep_recent_tokens:
+        if kept_tokens + more > cap:
             break
         kept, kept_tokens = kept + 1, kept_tokens + more
+    if kept >= n:
+        return None
 
     closed = _closed_round_ends(messages, rounds)
     for r in range(n - 1 - kept, -1, -1):
         if closed[r]:
-            return rounds[r][1]
+            end = rounds[r][1]
+            return end if sum(sizes[:end]) >= cap // 4 else None
     return None

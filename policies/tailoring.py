@@ -1,10 +1,12 @@
 """Tailoring: the last guarantee that the outgoing request fits the model's budget.
 
-Order of sacrifice: the oldest rounds go first, whole, so tool pairs never split; then the
+Order of sacrifice: the oldest API rounds go first, whole, so tool pairs never split; then the
 largest messages are cut head/tail with a marker (conversation before instructions). The
-leading system messages, the summary block and the newest round always stay. When even that
-cannot fit, ``ContextOverflow`` carries the numbers for a 400 ``context_length_exceeded``
-instead of a request the provider would reject.
+leading system messages, the summary block, the user message that started the current turn
+and the newest round always stay. That user message is never cut unless the caller allows it
+(``truncate_last``): the client must learn that its request did not fit. When nothing more can
+give, ``ContextOverflow`` carries the numbers for a 400 ``context_length_exceeded`` instead of a
+request the provider would reject.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 
 from policies.messages import INSTRUCTION_ROLES, content_text, with_text
 from policies.projection import is_summary_block
-from policies.rounds import split_rounds
+from policies.rounds import last_user_index, split_rounds
 from policies.tokens import REPLY_PRIMING, TokenCounter
 
 # A message is never cut below this many tokens of content: less says nothing useful, and
@@ -40,6 +42,8 @@ class TailorStats:
     dropped_rounds: int = 0
     dropped_messages: int = 0
     truncated_messages: int = 0
+    truncated_tool_results: int = 0
+    truncated_last_message: bool = False
     tokens_before: int = 0
     tokens_after: int = 0
 
@@ -50,11 +54,13 @@ def tailor(
     counter: TokenCounter,
     fixed_tokens: int = 0,
     keys: list[str | None] | None = None,
+    truncate_last: bool = False,
 ) -> tuple[list[dict], TailorStats]:
     """``messages`` (leading system/developer first) fitted into ``budget`` tokens.
 
     ``fixed_tokens`` is what the request costs besides messages (tool schemas). Returns a new
-    list; the input is not mutated. Raises ``ContextOverflow`` when nothing more can give.
+    list; the input is not mutated. Raises ``ContextOverflow`` when nothing more can give; the
+    newest user message is cut only with ``truncate_last``.
     """
     if keys is None:
         keys = [None] * len(messages)
@@ -69,14 +75,23 @@ def tailor(
     lead = 0
     while lead < len(messages) and messages[lead].get("role") in INSTRUCTION_ROLES:
         lead += 1
-    rounds = [(s + lead, e + lead) for s, e in split_rounds(messages[lead:])]
+    last_user = last_user_index(messages)
+    last_user = last_user if last_user is not None and last_user >= lead else None
+    rounds = []
+    for s, e in split_rounds(messages[lead:]):
+        s, e = s + lead, e + lead
+        if s == last_user and e - s > 1:
+            rounds += [(s, s + 1), (s + 1, e)]  # the task stays; the step that answered it may go
+        else:
+            rounds.append((s, e))
 
-    # Drop whole rounds, oldest first; the newest round and summary-block rounds stay.
+    # Drop whole rounds, oldest first; the newest round, the current turn's user message and
+    # summary-block rounds stay.
     dropped: set[int] = set()
     for start, end in rounds[:-1]:
         if total <= budget:
             break
-        if end - start == 1 and is_summary_block(messages[start]):
+        if end - start == 1 and (is_summary_block(messages[start]) or start == last_user):
             continue
         dropped.update(range(start, end))
         total -= sum(counts[start:end])
@@ -88,7 +103,9 @@ def tailor(
 
     # Still over: cut the largest conversation messages, then the instructions.
     if total > budget:
-        conversation = [j for j, i in enumerate(kept) if i >= lead and not is_summary_block(messages[i])]
+        protected = {last_user} if not truncate_last else set()
+        conversation = [j for j, i in enumerate(kept)
+                        if i >= lead and not is_summary_block(messages[i]) and i not in protected]
         instructions = [j for j, i in enumerate(kept) if i < lead or is_summary_block(messages[i])]
         for group in (conversation, instructions):
             for j in sorted(group, key=lambda j: sizes[j], reverse=True):
@@ -101,6 +118,8 @@ def tailor(
                 total -= sizes[j] - new_size
                 out[j], sizes[j] = shrunk, new_size
                 stats.truncated_messages += 1
+                stats.truncated_tool_results += out[j].get("role") == "tool"
+                stats.truncated_last_message |= kept[j] == last_user
     stats.tokens_after = total
     if total > budget:
         raise ContextOverflow(total, budget)

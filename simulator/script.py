@@ -98,6 +98,9 @@ def answer_tool_result(body: dict[str, Any], last: dict[str, Any]) -> Answer:
             found = found if found is not None else loaded.get("content")
         answer = content_text(found) if found is not None else text
         return Answer(content=f"ANSWER: {answer[:RECALL_ANSWER_CHARS]}")
+    if call := _CALL.search(text):  # an agent loop: the result scripts the model's next call
+        arguments, _ = _raw_json(text, call.end())
+        return Answer(calls=[(call.group(1), arguments)])
     return Answer(content=f"Tool {name} returned: {text[:80]}")
 
 

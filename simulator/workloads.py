@@ -101,3 +101,70 @@ def synthetic_session(seed: int = 0, rounds: int = 60, facts: int = 6, min_token
         args = {"target": target}
         session.rounds.append({"user": f'{user} [[call {tool} {json.dumps(args)}]]', "tool": tool, "args": args, "output": output})
     return session
+
+
+# --- agent loops: one user message, then dozens of tool calls --------------------------------
+
+
+@dataclass
+class AgentLoopSession:
+    """Turns of an autonomous agent: each a user task, then ``steps`` tool calls in a row.
+
+    A step is {"tool", "args", "output"}; every output but a turn's last ends with the
+    ``[[call NAME {json}]]`` directive of the next step, so the puppet (which reads its next
+    move from the last message) keeps calling tools until the turn's work is done. Facts are
+    buried in tool outputs of early steps and asked at the end.
+    """
+
+    turns: list[dict] = field(default_factory=list)  # {"user": str, "steps": [step, ...]}
+    facts: list[Fact] = field(default_factory=list)  # Fact.round = global step index
+    system: str = ("You are an autonomous coding agent working in the repository /srv/app. Work through the task "
+                   "with tools until it is done, then report.")
+
+    @property
+    def steps(self) -> int:
+        return sum(len(t["steps"]) for t in self.turns)
+
+
+def call_directive(tool: str, args: dict) -> str:
+    return f"[[call {tool} {json.dumps(args)}]]"
+
+
+def agent_loop_session(seed: int = 0, turns: int = 1, calls: int = 64, facts: int = 6,
+                       min_tokens: int = 300, max_tokens: int = 2500) -> AgentLoopSession:
+    """``turns`` user turns of ``calls`` tool calls each; deterministic for a seed."""
+    rng = random.Random(seed)
+    session = AgentLoopSession()
+    total = turns * calls
+    planted = _FACTS[:facts]
+    # Early in the session (the first 60% of steps), never in a turn's last step.
+    spots = [int((i + 0.5) * 0.6 * total / max(1, len(planted))) for i in range(len(planted))]
+    plant_at = {}
+    for spot, fact in zip(spots, planted):
+        if spot % calls == calls - 1:
+            spot -= 1
+        plant_at[spot] = fact
+    step_index = 0
+    for t in range(turns):
+        steps = []
+        for c in range(calls):
+            tool = TOOLS[(step_index * 5 + t) % len(TOOLS)]
+            target = f"/srv/app/{rng.choice(WORDS)}/{rng.choice(WORDS)}.py"
+            kind = {"read_file": "code", "list_dir": "listing", "query_db": "json"}.get(tool, "log")
+            output = _filler(rng, rng.randint(min_tokens, max_tokens), kind)
+            fact = plant_at.get(step_index)
+            if fact is not None:
+                statement, question, paraphrase, answer = fact
+                lines = output.split("\n")
+                lines.insert(len(lines) // 2, f"NOTE {statement}")
+                output = "\n".join(lines)
+                session.facts.append(Fact(step_index, statement, question, paraphrase, answer))
+            steps.append({"tool": tool, "args": {"target": target}, "output": output})
+            step_index += 1
+        for here, after in zip(steps, steps[1:]):
+            here["output"] = f"{here['output']}\nnext: {call_directive(after['tool'], after['args'])}"
+        first = steps[0]
+        user = (f"Task {t + 1}: find why the {rng.choice(WORDS)} {rng.choice(WORDS)} fails under load and fix it; "
+                f"inspect whatever you need. {call_directive(first['tool'], first['args'])}")
+        session.turns.append({"user": user, "steps": steps})
+    return session

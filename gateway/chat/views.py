@@ -1,13 +1,16 @@
-"""Steps 3-5 of a request: the view the upstream receives (DESIGN §4-5).
+"""Steps 3-5 of a request: the view the upstream receives (docs/architecture.md).
 
 Projection from the newest checkpoint on the request's path, sync compaction when the view is
-over ``sync_compaction_ratio`` of the window (bounded by ``sync_budget_s``), tool-result
-compaction, recall tools when anything is hidden, and tailoring as the last guarantee. The
-functional work is in ``policies``; this module only gathers its inputs (ledger ids,
-checkpoints, windows, calibration) and decides when to call what.
+over ``sync_compaction_ratio`` of the budget (bounded by ``sync_budget_s``), tool-result
+compaction that settles the view at ``view_target_ratio``, recall tools when anything is
+hidden, and tailoring as the last guarantee. The functional work is in ``policies``; this
+module only gathers its inputs (ledger ids, checkpoints, windows, calibration) and decides when
+to call what.
 
-Short sessions pay nothing: below the summary trigger and without a checkpoint, the client's
-request goes upstream byte for byte.
+A checkpoint may cover part of the current user turn (an agent loop of dozens of tool calls);
+the user message that started the turn then stays in the view, verbatim, right after the
+summary block. Short sessions pay nothing: below both triggers and without a checkpoint, the
+client's request goes upstream byte for byte.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from gateway.http.errors import ContextLengthExceeded
 from policies import (
     ContextOverflow,
     choose_boundary,
+    last_user_index,
     Policy,
     compact_tool_results,
     extract_exact_values,
@@ -57,6 +61,8 @@ class View:
     window: int = 0
     policy: object = None
     raw_estimate: int = 0  # uncalibrated estimate of what goes upstream (calibration input)
+    truncated_tool_results: int = 0  # tool results cut head/tail in the outgoing copy
+    truncated_last_message: bool = False  # the newest user message was cut (policy opted in)
 
     def body(self, chat: ChatRequest) -> bytes:
         if self.messages is None:
@@ -80,6 +86,10 @@ class Projection:
     truncated: int
     dropped: int = 0
     raw_tokens: int = 0  # the same estimate before calibration (what calibration learns from)
+    truncated_tools: int = 0  # tool results cut by tailoring
+    truncated_last: bool = False
+    compacted_tokens: int = 0  # rounds before the compaction frontier (uncalibrated)
+    raw_tail_tokens: int = 0  # rounds from the frontier on
 
 
 class ViewBuilder:
@@ -91,6 +101,7 @@ class ViewBuilder:
         self.checkpoints = checkpoints
         self.metrics = metrics
         self.summarizer = summarizer
+        self._recall_costs: dict[tuple[str, str], int] = {}
 
     def policy_for(self, model: str, ref: SessionRef) -> Policy:
         if not self.settings.policies:
@@ -110,17 +121,17 @@ class ViewBuilder:
         found = await store_call(self.checkpoints.newest_on_path, ref.key, positions)
         view = View(client_tokens=client_tokens, upstream_tokens=client_tokens, budget=budget, policy=policy,
                     window=window, raw_estimate=raw_estimate)
-        if found is None and client_tokens <= policy.summary_trigger_ratio * budget:
+        if found is None and client_tokens <= min(policy.summary_trigger_ratio, policy.compact_trigger_ratio) * budget:
             return view  # short session: untouched, forwarded byte for byte
 
-        projection = self._project(chat, policy, found)
+        projection = self._project(chat, policy, found, budget=budget)
         if projection.tokens > policy.sync_compaction_ratio * budget and self.summarizer is not None:
             started = time.perf_counter()
             checkpoint = await self.summarizer.sync(ref, chat, policy, auth, deadline=started + policy.sync_budget_s, budget=budget)
             self.metrics.sync_wait_seconds.observe(time.perf_counter() - started)
             if checkpoint is not None:
                 found = await store_call(self.checkpoints.newest_on_path, ref.key, positions)
-                projection = self._project(chat, policy, found)
+                projection = self._project(chat, policy, found, budget=budget)
             if projection.tokens > policy.sync_compaction_ratio * budget:
                 # Out of time (or the summary failed): go ahead with the deterministic state
                 # of everything the summary has not covered yet; tailoring and recall do the rest.
@@ -133,9 +144,22 @@ class ViewBuilder:
         view.hidden = projection.hidden
         view.checkpoint = projection.checkpoint.id if projection.checkpoint else None
         view.raw_estimate = projection.raw_tokens
+        if projection.compacted_tokens > (policy.compact_trigger_ratio - policy.view_target_ratio) / 2 * budget:
+            # Placeholders have piled up (a long loop): they keep the view from settling at its
+            # target, so the summary that folds them is due now, below the usual trigger, and it
+            # covers just them: the rounds still raw stay raw.
+            view.policy = policy.model_copy(update={
+                "summary_trigger_ratio": policy.view_target_ratio, "keep_recent_share": 1.0,
+                "keep_recent_tokens": max(projection.raw_tail_tokens, 1)})
+        view.truncated_tool_results = projection.truncated + projection.truncated_tools
+        view.truncated_last_message = projection.truncated_last
         if projection.compacted or projection.truncated:
             self.metrics.compaction_replacements.labels("placeholder").inc(projection.compacted)
             self.metrics.compaction_replacements.labels("truncate").inc(projection.truncated)
+        if view.truncated_tool_results:
+            self.metrics.truncated_tool_results.inc(view.truncated_tool_results)
+        if view.truncated_last_message:
+            self.metrics.truncated_last_messages.inc()
         return view
 
     def refit(self, chat: ChatRequest, messages: list[dict], tools: list[dict] | None, budget: int) -> list[dict] | None:
@@ -159,11 +183,13 @@ class ViewBuilder:
         checkpoint, pos = found if found else (None, -1)
         start = pos + 1
         tail, tail_ids = chat.history[start:], chat.ids[start:]
+        if tail and tail[0].get("role") != "user":
+            # The checkpoint covers part of the current turn: its user message (the task) stays.
+            task = last_user_index(chat.history[:start])
+            if task is not None:
+                tail, tail_ids = [chat.history[task], *tail], [chat.ids[task], *tail_ids]
         names = recall_tool_names(chat.body.get("tools")) if policy.recall else None
         load_tool = names[1] if names else "session_load"
-        compacted, stats = compact_tool_results(tail, tail_ids, policy, self.counter, load_tool=load_tool)
-        hidden = set(chat.ids[:start])
-        hidden.update(i for i, old, new in zip(tail_ids, tail, compacted) if old is not new)
         summary = checkpoint.summary if checkpoint else None
         state = checkpoint.state if checkpoint else {}
         if state_only:
@@ -172,6 +198,20 @@ class ViewBuilder:
             end = choose_boundary(tail, self.counter, policy.for_budget(budget), keys=tail_ids) or 0
             state = merge_state(state, extract_exact_values(tail[:end]))
         block = render_summary_block(summary, state) if (checkpoint or state_only) else None
+        # The frontier replays the history against the budget in uncalibrated tokens: calibration
+        # drifts with every response, and a drifting budget would move the frontier back and forth.
+        raw_budget = budget or None
+        fixed = 0
+        if raw_budget:
+            fixed = self.counter.count_messages(chat.instructions) + self.counter.count_tools(chat.body.get("tools"))
+            if block:
+                fixed += self.counter.count_message({"role": "system", "content": block})
+            if names:
+                fixed += self._recall_cost(names)
+        compacted, stats = compact_tool_results(tail, tail_ids, policy, self.counter, load_tool=load_tool,
+                                                budget=raw_budget, fixed_tokens=fixed)
+        hidden = set(chat.ids[:start]) - set(tail_ids)
+        hidden.update(i for i, old, new in zip(tail_ids, tail, compacted) if old is not new)
         tools = chat.body.get("tools")
         if hidden and names:
             note = recall_note(*names)
@@ -182,7 +222,16 @@ class ViewBuilder:
         messages = project_view(chat.instructions, compacted, block, policy.injection)
         tokens = self.counter.count_messages(messages) + self.counter.count_tools(tools)
         return Projection(messages, tools, names, self.calibration.scale(chat.model, tokens), frozenset(hidden),
-                          checkpoint, stats.replaced, stats.truncated, raw_tokens=tokens)
+                          checkpoint, stats.replaced, stats.truncated, raw_tokens=tokens, compacted_tokens=stats.compacted_tokens,
+                          raw_tail_tokens=stats.raw_tail_tokens)
+
+    def _recall_cost(self, names: tuple[str, str]) -> int:
+        """Tokens the recall note and tools add once anything is hidden (constant per name pair)."""
+        cost = self._recall_costs.get(names)
+        if cost is None:
+            cost = self.counter.count_text(recall_note(*names)) + self.counter.count_tools(recall_tools(*names))
+            self._recall_costs[names] = cost
+        return cost
 
     def _fit(self, chat: ChatRequest, policy: Policy, projection: Projection, budget: int) -> Projection:
         if projection.tokens <= budget:
@@ -190,15 +239,18 @@ class ViewBuilder:
         factor = self.calibration.factor(chat.model)
         raw_budget = int(budget / factor)
         fixed = self.counter.count_tools(projection.tools)
+        truncate_last = policy.truncate_last_message
         try:
-            messages, stats = tailor(projection.messages, raw_budget, self.counter, fixed_tokens=fixed)
+            messages, stats = tailor(projection.messages, raw_budget, self.counter, fixed_tokens=fixed,
+                                     truncate_last=truncate_last)
         except ContextOverflow as exc:
             self.metrics.context_rejections.inc()
             needed = self.calibration.scale(chat.model, exc.needed)
             raise ContextLengthExceeded(
                 f"This request needs at least {needed} prompt tokens after compaction, but model "
                 f"'{chat.model}' allows {budget} (window minus max_tokens and reserve). "
-                "Shorten the system prompt, tools or last message, or lower max_tokens.",
+                "Shorten the system prompt, tools or last message, or lower max_tokens"
+                + ("." if truncate_last else "; policy 'truncate_last_message' lets the gateway cut the last message."),
                 param="messages",
             ) from None
         kept = {id(m) for m in messages}
@@ -213,15 +265,19 @@ class ViewBuilder:
             lead = next((i for i, m in enumerate(messages) if m.get("role") not in ("system", "developer")), len(messages))
             with_note = [*messages[:lead], {"role": "system", "content": recall_note(*names)}, *messages[lead:]]
             try:
-                fitted, more = tailor(with_note, raw_budget, self.counter, fixed_tokens=self.counter.count_tools(tools))
+                fitted, more = tailor(with_note, raw_budget, self.counter, fixed_tokens=self.counter.count_tools(tools),
+                                      truncate_last=truncate_last)
             except ContextOverflow:
                 fitted = None  # recall does not fit as well: send the tailored view without it
             if fitted is not None:
                 return Projection(fitted, tools, names, self.calibration.scale(chat.model, more.tokens_after),
                                   frozenset(hidden), projection.checkpoint, projection.compacted,
                                   projection.truncated, stats.dropped_messages + more.dropped_messages,
-                                  raw_tokens=more.tokens_after)
+                                  raw_tokens=more.tokens_after,
+                                  truncated_tools=stats.truncated_tool_results + more.truncated_tool_results,
+                                  truncated_last=stats.truncated_last_message or more.truncated_last_message)
         return Projection(messages, projection.tools, projection.recall_names,
                           self.calibration.scale(chat.model, stats.tokens_after), frozenset(hidden),
                           projection.checkpoint, projection.compacted, projection.truncated, stats.dropped_messages,
-                          raw_tokens=stats.tokens_after)
+                          raw_tokens=stats.tokens_after, truncated_tools=stats.truncated_tool_results,
+                          truncated_last=stats.truncated_last_message)

@@ -47,6 +47,8 @@ class Metrics:
         self.compaction_replacements = Counter(p + "compaction_replacements_total", "Tool results replaced or truncated in the outgoing copy.", ["pass"], registry=r)
         self.tailoring_drops = Counter(p + "tailoring_dropped_messages_total", "Messages dropped or truncated by tailoring.", ["kind"], registry=r)
         self.context_rejections = Counter(p + "context_length_rejections_total", "Requests answered 400 because nothing could fit.", registry=r)
+        self.truncated_tool_results = Counter(p + "truncated_tool_results_total", "Tool results cut head/tail in the outgoing copy (over max_result_tokens or to fit the window).", registry=r)
+        self.truncated_last_messages = Counter(p + "truncated_last_messages_total", "Newest user messages cut to fit the window (policy truncate_last_message).", registry=r)
         # Summary jobs.
         self.summary_enqueued = Counter(p + "summary_jobs_enqueued_total", "Summary jobs enqueued.", ["mode"], registry=r)
         self.summary_dropped = Counter(p + "summary_jobs_dropped_total", "Summary jobs dropped (queue full or duplicate).", ["reason"], registry=r)

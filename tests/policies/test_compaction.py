@@ -2,7 +2,7 @@
 
 import pytest
 
-from policies.compaction import compact_tool_results, compaction_frontier, truncate_head_tail
+from policies.compaction import compact_tool_results, compaction_frontier, compaction_frontier_for, truncate_head_tail
 from policies.policy import Policy
 from policies.rounds import split_rounds, tool_pair_problems
 from tests.policies.conversations import agent_round, assistant, ids_for, payload, result, session, user
@@ -23,7 +23,8 @@ def test_old_large_results_become_placeholders(counter):
     policy = Policy(keep_recent_rounds=3, compact_batch_rounds=4)
     out, stats = compact_tool_results(msgs, ids, policy, counter)
     rounds = split_rounds(msgs)
-    eligible_end = rounds[4][0]  # frontier = floor((8-3)/4)*4 = 4
+    assert len(rounds) == 16  # two API rounds per step: the call with its result, the answer
+    eligible_end = rounds[12][0]  # frontier = floor((16-3)/4)*4 = 12
     for i in tool_indices(msgs):
         if i < eligible_end:
             text = out[i]["content"]
@@ -34,7 +35,7 @@ def test_old_large_results_become_placeholders(counter):
             assert out[i]["tool_call_id"] == msgs[i]["tool_call_id"]
         else:
             assert out[i] is msgs[i]
-    assert stats.replaced == 4 and stats.truncated == 0
+    assert stats.replaced == 6 and stats.truncated == 0
     assert stats.tokens_after < stats.tokens_before
     assert stats.tokens_after == sum(counter.count_message(m) for m in out)
     assert tool_pair_problems(out) == []
@@ -82,7 +83,7 @@ def test_tool_rules(counter):
     assert cut.startswith(msgs[t[2]]["content"][:20]) and cut.endswith(msgs[t[2]]["content"][-20:])
     assert ids[t[2]] in cut and "session_load" in cut and counter.count_text(cut) < 80
     assert "succeeded" in out[t[3]]["content"]  # default rule
-    assert stats.replaced == 2 and stats.truncated == 1
+    assert stats.replaced == 4 and stats.truncated == 1
 
 
 def test_huge_result_in_protected_round_is_truncated(counter):
@@ -145,8 +146,8 @@ def test_growing_conversation_keeps_prefix_stable(counter):
         for i in compacted_once:
             assert i < len(out) and out[i] == compacted_once[i]  # never un-compacted
         previous, previous_frontier = out, frontier
-    assert frontier_moves == 4  # frontier 0 -> 4 -> 8 -> 12 -> 16
-    assert len(compacted_once) == 2 * 16
+    assert frontier_moves == 9  # 40 API rounds: frontier 0 -> 4 -> ... -> 36
+    assert len(compacted_once) == 2 * 18
 
 
 def test_truncate_head_tail(counter):
@@ -163,3 +164,51 @@ def test_truncate_does_not_break_multibyte_characters(counter):
     text = "日本語のテキスト" * 500
     out = truncate_head_tail(text, 7, 7, counter, "[cut]")
     assert "\ufffd" not in out and out.startswith(text[:2]) and out.endswith(text[-2:])
+
+
+def loop_turn(calls: int, words: int = 900) -> list[dict]:
+    """One user task, then ``calls`` tool calls in a row (an agent loop), results of ``words``."""
+    msgs = [user("Task: fix the flaky worker")]
+    for k in range(calls):
+        msgs += [assistant(None, [(f"c{k}", "read_file", {"path": f"/src/m{k}.py"})]), result(f"c{k}", payload(words, seed=k))]
+    return msgs
+
+
+def test_frontier_jumps_to_the_target_when_the_trigger_is_passed():
+    policy = Policy(compact_trigger_ratio=0.5, view_target_ratio=0.25, keep_recent_rounds=2, compact_batch_rounds=1)
+    raw, compacted = [100] * 30, [10] * 30
+    # Budget 1000: the view passes 500 at round 4, and must come down to 250.
+    assert compaction_frontier_for(raw[:4], compacted[:4], 50, policy, 1000) == 0
+    f = compaction_frontier_for(raw[:5], compacted[:5], 50, policy, 1000)
+    assert f == 3  # 550 - 3 * 90 = 280 > 250, but the newest 2 rounds are protected
+    frontiers = [compaction_frontier_for(raw[:n], compacted[:n], 50, policy, 1000) for n in range(1, 31)]
+    assert frontiers == sorted(frontiers)  # never moves back
+    views = [50 + 10 * f + 100 * (n - f) for n, f in zip(range(1, 31), frontiers)]
+    assert max(views[:20]) <= 500  # later, placeholders alone add up past it: a summary's job
+    moves = sum(b != a for a, b in zip(frontiers[:15], frontiers[1:15]))
+    assert moves <= 5  # jumps in batches, not one round per request
+
+
+def test_long_turn_settles_below_the_trigger_and_only_appends_between_jumps(counter):
+    """An agent loop of 60 calls under one user message: results inside the current turn become
+    placeholders, in batches, and the view stays between the target and the trigger."""
+    budget = 30_000
+    policy = Policy(compact_trigger_ratio=0.5, view_target_ratio=0.25, keep_recent_rounds=3)
+    full = loop_turn(60)
+    ids = ids_for(full)
+    previous = None
+    breaks, sizes, replaced = 0, [], 0
+    for end in range(3, len(full) + 1, 2):  # after every tool result: one request of the loop
+        out, stats = compact_tool_results(full[:end], ids[:end], policy, counter, budget=budget, fixed_tokens=500)
+        assert tool_pair_problems(out) == []
+        assert out[0] is full[0]  # the task stays verbatim
+        assert all(out[i] is full[i] for i in range(max(0, end - 6), end))  # newest 3 rounds raw
+        size = 500 + sum(counter.count_message(m) for m in out)
+        sizes.append(size)
+        assert size <= 0.5 * budget
+        if previous is not None and out[: len(previous)] != previous:
+            breaks += 1
+        previous, replaced = out, stats.replaced
+    assert replaced > 40  # placeholders inside the one long turn
+    assert breaks <= 12  # 60 requests: a jump every five or more
+    assert min(sizes[20:]) >= 0.2 * budget  # it settles near the target, not at the minimum

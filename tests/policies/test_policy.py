@@ -8,9 +8,11 @@ from policies.policy import Policy, PolicyOverride, ToolRule, resolve_policy
 
 def test_defaults_match_the_design():
     policy = Policy()
-    assert (policy.keep_recent_rounds, policy.keep_recent_tokens) == (3, 8000)
-    assert (policy.summary_trigger_ratio, policy.sync_compaction_ratio) == (0.5, 0.7)
+    assert policy.profile == "balanced" and policy.keep_recent_rounds == 3
+    assert (policy.summary_trigger_ratio, policy.sync_compaction_ratio) == (0.7, 0.85)
+    assert (policy.compact_trigger_ratio, policy.view_target_ratio) == (0.5, 0.25)
     assert policy.injection == "system" and policy.recall is True
+    assert policy.truncate_last_message is False
     assert policy.tool_rules == {} and policy.summary_model is None
     assert any("AKIA" in p for p in policy.redact_patterns)
 
@@ -101,3 +103,25 @@ def test_resolved_policy_is_validated_against_the_base():
 def test_override_tool_rules_become_rules():
     override = PolicyOverride.model_validate({"model": "*", "tool_rules": {"bash": {"action": "clean"}}})
     assert resolve_policy(Policy(), [override], "m", "s").tool_rule("bash").action == "clean"
+
+
+def test_profiles_are_bundles_of_keys_and_explicit_keys_win():
+    economy, balanced, fidelity = (Policy(profile=p) for p in ("economy", "balanced", "fidelity"))
+    for key in ("summary_trigger_ratio", "sync_compaction_ratio", "keep_recent_share", "view_target_ratio"):
+        assert getattr(economy, key) < getattr(balanced, key) < getattr(fidelity, key), key
+    assert economy.keep_recent_tokens == 8000 and economy.keep_recent_share == 0.15
+    mixed = Policy(profile="economy", view_target_ratio=0.3)
+    assert mixed.view_target_ratio == 0.3 and mixed.summary_trigger_ratio == 0.35
+    with pytest.raises(ValidationError, match="profile"):
+        Policy(profile="cheap")
+    with pytest.raises(ValidationError, match="view_target_ratio"):
+        Policy(view_target_ratio=0.6)  # above the balanced compaction trigger
+
+
+def test_override_can_switch_profile():
+    base = Policy(summary_model="m")
+    override = PolicyOverride(model="big-*", profile="fidelity", keep_recent_rounds=5)
+    resolved = resolve_policy(base, [override], "big-1", "s")
+    assert resolved.profile == "fidelity" and resolved.summary_trigger_ratio == 0.85
+    assert resolved.keep_recent_rounds == 5 and resolved.summary_model == "m"
+    assert resolve_policy(base, [override], "small", "s") is base

@@ -32,20 +32,24 @@ def test_block_cannot_be_closed_early_by_its_content():
     assert block.count("</session_summary>") == 1 and block.endswith("</session_summary>")
 
 
-def test_system_injection_appends_to_first_system_message():
+def test_system_injection_keeps_client_system_messages_byte_identical():
     systems = [{"role": "system", "content": "Be brief."}, {"role": "system", "content": "Second."}]
     tail = session(2)
     before = copy.deepcopy((systems, tail))
     view = project_view(systems, tail, "BLOCK", "system")
-    assert view[0] == {"role": "system", "content": "Be brief.\n\nBLOCK"}
-    assert view[1] == systems[1] and view[2:] == tail
+    # The client's instructions are the prompt's stable prefix; the block comes right after them.
+    assert view[:2] == systems and view[0] is systems[0] and view[1] is systems[1]
+    assert view[2] == {"role": "system", "content": "BLOCK"} and view[3:] == tail
     assert (systems, tail) == before  # inputs untouched
+    # A new checkpoint changes the prompt only from the block on.
+    other = project_view(systems, tail, "NEWER BLOCK", "system")
+    assert other[:2] == view[:2] and other[2] != view[2]
 
 
 def test_system_injection_with_text_parts():
     systems = [{"role": "developer", "content": [{"type": "text", "text": "Rules."}]}]
     view = project_view(systems, [user("hi")], "BLOCK", "system")
-    assert view[0]["content"] == [{"type": "text", "text": "Rules."}, {"type": "text", "text": "BLOCK"}]
+    assert view[0] is systems[0] and view[1] == {"role": "system", "content": "BLOCK"}
     assert systems[0]["content"] == [{"type": "text", "text": "Rules."}]
 
 

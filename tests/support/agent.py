@@ -6,7 +6,7 @@ import asyncio
 
 import openai
 
-from simulator.workloads import TOOL_SPECS, SyntheticSession
+from simulator.workloads import TOOL_SPECS, AgentLoopSession, SyntheticSession
 
 
 async def drive(client: openai.AsyncOpenAI, session: SyntheticSession, *, model: str, rounds: int | None = None,
@@ -37,3 +37,25 @@ async def settle(gw, timeout_s: float = 10.0) -> None:
         if summarizer.idle:
             return
         await asyncio.sleep(0.05)
+
+
+async def drive_loop(client: openai.AsyncOpenAI, session: AgentLoopSession, *, model: str, turns: int | None = None,
+                     messages: list[dict] | None = None) -> tuple[list[dict], list]:
+    """Play an agent-loop session: per turn one user message, then a request after every tool
+    result until the model answers in text. Returns the history and the raw responses."""
+    history = messages if messages is not None else [{"role": "system", "content": session.system}]
+    raw = []
+    for turn in session.turns[: turns if turns is not None else len(session.turns)]:
+        history.append({"role": "user", "content": turn["user"]})
+        steps = iter(turn["steps"])
+        while True:
+            response = await client.chat.completions.with_raw_response.create(model=model, messages=history, tools=TOOL_SPECS)
+            raw.append(response)
+            message = response.parse().choices[0].message
+            history.append(message.model_dump(exclude_none=True))
+            if not message.tool_calls:
+                break
+            step = next(steps)
+            assert message.tool_calls[0].function.name == step["tool"], message
+            history.append({"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": step["output"]})
+    return history, raw

@@ -1,0 +1,95 @@
+"""Agent loops through the gateway: one user message, then dozens of tool calls (issue 8).
+
+Every upstream request is checked for tool pairing and window fit; inside one long turn the
+old results must become placeholders and a summary may cover part of the turn, while the task
+(the turn's user message) and the client's system prompt go up verbatim.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import openai
+
+from gateway.keys import CHECKPOINTS, LEDGER
+from policies.rounds import tool_pair_problems
+from simulator.puppet import count_prompt
+from simulator.workloads import TOOL_SPECS, agent_loop_session
+from tests.support.agent import drive_loop, settle
+
+WINDOW = 32_000
+
+
+def client(gw, session):
+    return openai.AsyncOpenAI(base_url=gw.base_url, api_key="sk-a", default_headers={"X-Session-Id": session}, max_retries=0)
+
+
+def forwarded(upstream) -> list[dict]:
+    return [r["json"] for r in upstream.chat_requests() if not r["headers"].get("x-palimpsest-purpose")]
+
+
+def assert_valid_and_fits(bodies: list[dict]) -> None:
+    for body in bodies:
+        conversation = [m for m in body["messages"] if m["role"] not in ("system", "developer")]
+        assert tool_pair_problems(conversation) == []
+        assert count_prompt(body) + (body.get("max_tokens") or 0) <= WINDOW
+
+
+def is_placeholder(message: dict) -> bool:
+    return message["role"] == "tool" and str(message.get("content", "")).startswith("[Tool result compacted by the gateway]")
+
+
+async def test_long_turn_is_compacted_in_place_and_settles_below_the_window(start_gateway, upstream):
+    gw = await start_gateway()  # the default profile
+    session = agent_loop_session(seed=3, turns=1, calls=64)
+    history, raw = await drive_loop(client(gw, "loop"), session, model="fake-32k")
+    await settle(gw)
+    assert len(raw) == 65 and all(r.http_response.status_code == 200 for r in raw)
+    bodies = forwarded(upstream)
+    assert len(bodies) == 65
+    assert_valid_and_fits(bodies)
+    task = history[1]
+    for body in bodies:
+        assert body["messages"][0] == history[0]  # the client's system prompt, byte-identical
+        assert body["tools"][: len(TOOL_SPECS)] == TOOL_SPECS  # and its tools, first
+        assert task in body["messages"]  # the turn's user message always goes up verbatim
+    # Placeholders appear inside the one long turn, and the newest results stay raw.
+    with_placeholders = [b for b in bodies if any(is_placeholder(m) for m in b["messages"])]
+    assert len(with_placeholders) >= 30
+    assert not is_placeholder(bodies[-1]["messages"][-1]) and bodies[-1]["messages"][-1]["content"] == history[-2]["content"]
+    # The view settles well below the window instead of parking at its edge.
+    sizes = [count_prompt(b) for b in bodies]
+    assert statistics.median(sizes[20:]) <= 0.5 * WINDOW and max(sizes) <= 0.7 * WINDOW
+    # Placeholders move in batches: most requests extend the previous prompt.
+    appended = sum(cur["messages"][: len(prev["messages"])] == prev["messages"] for prev, cur in zip(bodies, bodies[1:]))
+    assert appended >= 0.6 * (len(bodies) - 1)
+
+
+async def test_summary_covers_part_of_the_current_turn_and_the_task_stays(start_gateway, upstream):
+    # Economy with an early trigger, so summaries come while the turn is still running.
+    gw = await start_gateway(policy={"profile": "economy", "summary_trigger_ratio": 0.3})
+    session = agent_loop_session(seed=4, turns=2, calls=40)
+    history, raw = await drive_loop(client(gw, "loop-summary"), session, model="fake-32k")
+    await settle(gw)
+    assert all(r.http_response.status_code == 200 for r in raw)
+    bodies = forwarded(upstream)
+    assert_valid_and_fits(bodies)
+    key = gw.app[LEDGER].sessions()[0].key
+    checkpoints = gw.app[CHECKPOINTS].list(key)
+    assert checkpoints
+    ledger = gw.app[LEDGER]
+    inside = [cp for cp in checkpoints if ledger.get(key, cp.boundary).message["role"] in ("tool", "assistant")
+              and ledger.get(key, cp.boundary).message.get("tool_calls") is None]
+    assert inside, "a checkpoint boundary lies inside a user turn (after a tool result)"
+    tasks = [m for m in history if m["role"] == "user"]
+    summarised = [b for b in bodies if len(b["messages"]) > 1 and b["messages"][1]["role"] == "system"
+                  and b["messages"][1]["content"].startswith("<session_summary>")]
+    assert summarised
+    for body in summarised:
+        assert body["messages"][0] == history[0]
+        # Right after the block: the user message of the turn in progress, then its latest steps.
+        current = [t for t in tasks if t in body["messages"]]
+        assert current and body["messages"][2] == current[0]
+    within_turn = [b for b in summarised if b["messages"][2] == tasks[-1] and b["messages"][3]["role"] == "assistant"
+                   and b["messages"][-1]["role"] == "tool"]
+    assert within_turn, "a summary covers part of the current turn while the loop runs"
