@@ -147,6 +147,7 @@ def start_palimpsest(work: Path, upstream: str) -> Target:
     config.write_text(
         f'[server]\nhost = "127.0.0.1"\nport = {port}\n\n'
         f'[upstream]\nbase_url = "{upstream}"\napi_key = "{API_KEY}"\n\n'
+        f'[tenants]\nbench = "{API_KEY}"\n\n'  # the load generator's key (client keys are required with api_key)
         f'[store]\npath = "{work / "palimpsest-store"}"\n\n'
         '[log]\nlevel = "WARNING"\n')
     target.base_url = f"http://127.0.0.1:{port}/v1"
