@@ -489,3 +489,31 @@ async def replay(client: Client, session, session_id: str | None, *, model: str 
         if second.message is not None:
             history.append(second.message)
     return history, sent
+
+
+async def replay_loop(client: Client, session, session_id: str | None, *, model: str = MODEL,
+                      tools: list[dict] | None = None) -> tuple[list[dict], list[Sent]]:
+    """Play a simulator.workloads.AgentLoopSession as tests/support/agent.py drive_loop does (one
+    user message per turn, then a request after every tool result until a text answer), but keep
+    going after a rejection: a rejected request ends its turn (no tool call came back)."""
+    from simulator.workloads import TOOL_SPECS
+
+    tools = TOOL_SPECS if tools is None else tools
+    history = [{"role": "system", "content": session.system}]
+    sent: list[Sent] = []
+    for t, turn in enumerate(session.turns):
+        history.append({"role": "user", "content": turn["user"]})
+        steps = iter(turn["steps"])
+        while True:
+            body = {"model": model, "messages": history, "tools": tools}
+            reply = await client.chat(body, session_id)
+            sent.append(Sent(reply, count_prompt(body), t, "loop"))
+            if reply.status != 200 or reply.message is None:
+                break
+            history.append(reply.message)
+            step = next(steps, None)
+            if not reply.message.get("tool_calls") or step is None:
+                break
+            history.append({"role": "tool", "tool_call_id": reply.message["tool_calls"][0]["id"],
+                            "content": step["output"]})
+    return history, sent

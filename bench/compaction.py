@@ -33,12 +33,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
-    MODEL, WINDOW, Bench, Client, Sent, count_prompt, flatten_haystack, fmt, load_cases, machine_note,
-    percentile, prefix_stats, quiet_logs, replay, run_and_report,
+    MODEL, WINDOW, Bench, Client, Sent, answer_text, count_prompt, flatten_haystack, fmt, load_cases,
+    machine_note, percentile, prefix_stats, quiet_logs, replay, replay_loop, run_and_report,
 )
 from gateway.chat.request import parse_chat_request  # noqa: E402
 from gateway.keys import CHECKPOINTS, LEDGER, PIPELINE, SUMMARIZER  # noqa: E402
-from simulator.workloads import TOOL_SPECS, synthetic_session  # noqa: E402
+from simulator.workloads import TOOL_SPECS, agent_loop_session, synthetic_session  # noqa: E402
 from store.canonical import path_ids  # noqa: E402
 
 import orjson  # noqa: E402
@@ -82,6 +82,7 @@ def upstream_figures(bench: Bench) -> dict:
         "cached_tokens": cached,
         "billed_prompt_tokens": billed,
         "prefix": prefix_stats([r["json"] for r in forwarded]),
+        "forwarded_tokens": tokens,
     }
 
 
@@ -116,6 +117,55 @@ async def synthetic(args, mode: str) -> list[dict]:
                 "max_s": max(s.reply.elapsed for s in sent),
                 "wall_s": wall, "settle_s": settle,
                 "checkpoints": checkpoints_of(bench, sid),
+                **up,
+            })
+    finally:
+        await client.close()
+        await bench.stop()
+    return rows
+
+
+# --- 1b. agent loops: one user message, then dozens of tool calls ------------------------------
+
+
+LOOP_SHAPES = {"loop-1x64": (1, 64), "loop-3x30": (3, 30)}
+
+
+async def loops(args, mode: str, workload: str) -> list[dict]:
+    turns, calls = LOOP_SHAPES[workload]
+    bench = await Bench.start(gateway=mode == "gateway")
+    client = Client(bench.gateway.base_url if bench.gateway else bench.puppet.base_url)
+    rows = []
+    try:
+        for seed in args.seed_list:
+            bench.puppet.reset()
+            session = agent_loop_session(seed, turns=turns, calls=calls)
+            sid = f"bench-{workload}-{seed}"
+            started = time.perf_counter()
+            history, sent = await replay_loop(client, session, sid if bench.gateway else None)
+            wall = time.perf_counter() - started
+            settle = await bench.gateway.settle() if bench.gateway else 0.0
+            up = upstream_figures(bench)
+            # Planted facts (buried in tool outputs), each asked once: "RECALL: question" drives
+            # session_search -> session_load -> ANSWER in the puppet when the recall tools are offered.
+            recalled = asked = 0
+            for fact in session.facts:
+                bench.puppet.reset()
+                body = {"model": MODEL, "tools": TOOL_SPECS,
+                        "messages": history + [{"role": "user", "content": f"RECALL: {fact.question}"}]}
+                reply = await client.chat(body, sid if bench.gateway else None)
+                asked += 1
+                recalled += reply.status == 200 and fact.answer in answer_text(reply)
+            rows.append({
+                "workload": workload, "mode": mode, "seed": seed, "rounds": turns * calls,
+                "client_requests": len(sent),
+                "client_errors": sum(s.reply.status != 200 for s in sent),
+                "client_tokens": sum(s.client_tokens for s in sent),
+                "p50_s": percentile([s.reply.elapsed for s in sent], 50),
+                "max_s": max(s.reply.elapsed for s in sent),
+                "wall_s": wall, "settle_s": settle,
+                "checkpoints": checkpoints_of(bench, sid),
+                "facts_asked": asked, "facts_recalled": recalled,
                 **up,
             })
     finally:
@@ -188,6 +238,9 @@ def aggregate(rows: list[dict]) -> dict:
         "checkpoints": total("checkpoints"),
         "p50_s": percentile([r["p50_s"] for r in rows], 50), "max_s": max(r["max_s"] for r in rows),
         "wall_s": total("wall_s"), "settle_s": total("settle_s"),
+        "median_fwd_window": percentile([t for r in rows for t in r.get("forwarded_tokens", [])], 50) / WINDOW,
+        "facts": (sum(r.get("facts_recalled", 0) for r in rows) / sum(r["facts_asked"] for r in rows)
+                  if any(r.get("facts_asked") for r in rows) else float("nan")),
     }
 
 
@@ -391,7 +444,7 @@ def render(result: dict) -> str:
     head = (f"{'workload':<12} {'mode':<8} {'sess':>4} {'req':>5} {'up req':>6} {'client tok':>11} "
             f"{'upstream tok':>12} {'up/cl':>6} {'largest':>8} {'>win':>5} {'rej':>4} "
             f"{'prefix':>6} {'kept':>5} {'cached':>6} {'sum calls':>9} {'sum tok':>9} "
-            f"{'sum/saved':>9} {'p50 s':>6} {'max s':>6}")
+            f"{'sum/saved':>9} {'p50 s':>6} {'max s':>6} {'med/win':>7} {'facts':>5}")
     lines += [f"compaction on {MODEL} (window {WINDOW:,}); tokens = puppet's count of what it received",
               head, "-" * len(head)]
     for a in agg:
@@ -401,7 +454,8 @@ def render(result: dict) -> str:
             f"{fmt(a['ratio'], 3):>6} {a['largest_upstream']:>8,} {a['over_window']:>5} "
             f"{a['rejected']:>4} {fmt(a['prefix_cur'], 3):>6} {fmt(a['prefix_prev'], 3):>5} "
             f"{fmt(a['cached_ratio'], 3):>6} {a['summary_calls']:>9} {a['summary_tokens']:>9,} "
-            f"{fmt(a['summary_over_saved'], 3):>9} {fmt(a['p50_s'], 3):>6} {fmt(a['max_s'], 2):>6}")
+            f"{fmt(a['summary_over_saved'], 3):>9} {fmt(a['p50_s'], 3):>6} {fmt(a['max_s'], 2):>6} "
+            f"{fmt(a['median_fwd_window'], 3):>7} {fmt(a['facts'], 2):>5}")
     lines += [
         "req: client requests; up req: upstream requests that were not summary calls; >win: "
         "requests the puppet received over the window (summary calls included); rej: provider "
@@ -411,7 +465,9 @@ def render(result: dict) -> str:
         "cached: puppet-reported cached_tokens / prompt_tokens (its cache compares with the "
         "previous request of the model, summary calls included);",
         "sum calls/tok: summary calls and their prompt+completion tokens (puppet usage); "
-        "sum/saved: summary tokens / (client - upstream tokens).",
+        "sum/saved: summary tokens / (client - upstream tokens);",
+        "med/win: median forwarded prompt / window; facts: planted facts recalled (agent loops: each "
+        "fact asked once with RECALL: question after the session; ANSWER contains the value).",
     ]
     for a in agg:
         if a["mode"] == "gateway":
@@ -474,6 +530,13 @@ def checks(result: dict) -> list[str]:
                    f"{ok(syn['prefix_cur'] >= 0.85)}")
         out.append(f"synthetic summary tokens / saved {syn['summary_over_saved']:.3f} (target <= 0.20) "
                    f"{ok(syn['summary_over_saved'] <= 0.20)}")
+    for a in gw:
+        if a["workload"].startswith("loop"):
+            w = a["workload"]
+            out.append(f"{w} upstream/client {a['ratio']:.3f} (<= 0.25) {ok(a['ratio'] <= 0.25)}; median "
+                       f"forwarded/window {a['median_fwd_window']:.3f} (<= 0.5) {ok(a['median_fwd_window'] <= 0.5)}; "
+                       f"prefix {a['prefix_cur']:.3f} (>= 0.85) {ok(a['prefix_cur'] >= 0.85)}; facts "
+                       f"{a['facts']:.2f} (>= 0.95) {ok(a['facts'] >= 0.95)}")
     lme = next((a for a in gw if a["workload"] == "longmemeval"), None)
     if lme:
         out.append(f"LongMemEval upstream/client {lme['ratio']:.3f} (target <= 0.25) {ok(lme['ratio'] <= 0.25)}")
@@ -494,13 +557,18 @@ async def run(args) -> dict:
         t = time.perf_counter()
         rows += await synthetic(args, mode)
         timings[f"synthetic/{mode}"] = time.perf_counter() - t
+    for workload in args.loop_list:
+        for mode in args.mode_list:
+            t = time.perf_counter()
+            rows += await loops(args, mode, workload)
+            timings[f"{workload}/{mode}"] = time.perf_counter() - t
     cases = load_cases(args.cases) if args.cases else []
     for mode in args.mode_list if cases else ():
         t = time.perf_counter()
         rows += await longmemeval(args, mode, cases)
         timings[f"longmemeval/{mode}"] = time.perf_counter() - t
     aggregates = []
-    for workload in ("synthetic", "longmemeval"):
+    for workload in ("synthetic", *args.loop_list, "longmemeval"):
         for mode in args.mode_list:
             picked = [r for r in rows if r["workload"] == workload and r["mode"] == mode]
             if picked:
@@ -537,6 +605,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=60, help="rounds per synthetic session")
     parser.add_argument("--cases", type=int, default=None, help="LongMemEval cases (default 20; 0 = none)")
     parser.add_argument("--modes", default="direct,gateway")
+    parser.add_argument("--loops", default=",".join(LOOP_SHAPES),
+                        help=f"agent-loop workloads, comma-separated of {','.join(LOOP_SHAPES)} ('none' = skip)")
     parser.add_argument("--arrival-prior", type=float, default=3.0,
                         help="seconds per summary call the gateway assumes before each LongMemEval "
                         "arrival (its own prior); 0 = keep what it learnt from the instant puppet")
@@ -558,6 +628,7 @@ def main(argv: list[str] | None = None) -> None:
     args.cases = args.cases if args.cases is not None else (3 if q else 20)
     args.reps = args.reps if args.reps is not None else (20 if q else 50)
     args.mode_list = [m.strip() for m in args.modes.split(",") if m.strip()]
+    args.loop_list = [] if args.loops == "none" else [w.strip() for w in args.loops.split(",") if w.strip()]
     scen = args.sync_scenarios or ("pasted" if q else ",".join(SYNC_SCENARIOS))
     args.sync_scenario_list = [] if scen == "none" else [s.strip() for s in scen.split(",") if s.strip()]
     args.sync_seed_list = [int(s) for s in (args.sync_seeds or "11").split(",") if s]

@@ -10,7 +10,7 @@ def test_defaults_match_the_design():
     policy = Policy()
     assert policy.profile == "balanced" and policy.keep_recent_rounds == 3
     assert (policy.summary_trigger_ratio, policy.sync_compaction_ratio) == (0.7, 0.85)
-    assert (policy.compact_trigger_ratio, policy.view_target_ratio) == (0.5, 0.25)
+    assert (policy.compact_trigger_ratio, policy.view_target_ratio) == (0.55, 0.2)
     assert policy.injection == "system" and policy.recall is True
     assert policy.truncate_last_message is False
     assert policy.tool_rules == {} and policy.summary_model is None
