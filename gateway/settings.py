@@ -106,6 +106,25 @@ class RecallSettings(_Section):
 class SummarySettings(_Section):
     workers: int = Field(1, ge=1, le=16, description="Concurrent summary jobs (one per session at a time).")
     queue_size: int = Field(256, ge=1, description="Pending summary jobs; more are dropped and retried on a later turn.")
+    backoff_base_s: float = Field(
+        30.0, gt=0, description="A session's wait after a failed summary job; doubles per failure in a row (no new job per turn)."
+    )
+    backoff_max_s: float = Field(900.0, gt=0, description="Longest backoff and breaker cool-down.")
+    backoff_jitter: float = Field(
+        0.5, ge=0, le=1, description="Share of each wait drawn at random, so sessions that failed together retry apart."
+    )
+    breaker_failures: int = Field(
+        5, ge=1, description="Failed summary calls in a row, across sessions, that open a summary model's circuit breaker."
+    )
+    breaker_cooldown_s: float = Field(
+        60.0, gt=0, description="How long an open breaker blocks calls before one probe; doubles after a failed probe."
+    )
+    deterministic_after: int = Field(
+        2, ge=1,
+        description="Rejected (off-format) summaries in a row after which a session's jobs write a deterministic "
+        "state-only checkpoint, so compaction proceeds while the model is weak.",
+    )
+
 
 
 class LogSettings(_Section):

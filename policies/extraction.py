@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from policies.messages import INSTRUCTION_ROLES, call_arguments, content_text, tool_calls
+from policies.messages import INSTRUCTION_ROLES, call_arguments, call_name, content_text, tool_calls
 
 STATE_KEYS: tuple[str, ...] = ("ids", "paths", "urls", "numbers", "versions", "dates", "emails", "names")
 
@@ -196,3 +196,74 @@ def format_exact_values(state: dict | None, common_limit: int | None = None) -> 
         if values:
             lines.append(f"- {key}: " + " | ".join(str(v) for v in values))
     return "\n".join(lines)
+
+
+# --- notes: what the user asked and decided, for a summary made without a model --------------
+
+NOTE_KEYS: tuple[str, ...] = ("requests", "constraints", "decisions", "errors", "actions")
+
+_SENTENCE = re.compile(r"[^.!?\n]+[.!?]?")
+_CONSTRAINT = re.compile(
+    r"\b(?:must(?:n't| not)?|never|don't|do not|always|only|avoid|should(?:n't| not)?|prefer|require[sd]?|"
+    r"not allowed|forbidden|make sure)\b", re.IGNORECASE,
+)
+_DECISION = re.compile(
+    r"\b(?:decid\w*|chose|choose|go(?:ing)? with|switch(?:ed)? to|instead|ruled out|rejected|won't|agreed|"
+    r"settled on|we(?:'ll| will) use|i(?:'ll| will) use|plan is)\b", re.IGNORECASE,
+)
+_ERROR = re.compile(r"\b(?:error|exception|traceback|failed|failure|failing|fatal|panic|denied|timed out)\b", re.IGNORECASE)
+_ERROR_SCAN_CHARS = 2000
+# Scripted directives some clients and test harnesses put in messages ([[call x {...}]]) are noise.
+_DIRECTIVE = re.compile(r"\[\[[^\]]*\]\]")
+
+
+def _clip_words(text: str, words: int) -> str:
+    parts = text.split()
+    return " ".join(parts) if len(parts) <= words else " ".join(parts[:words]) + " …"
+
+
+def _sentences(text: str, pattern: re.Pattern[str], words: int, limit: int) -> list[str]:
+    found = []
+    for match in _SENTENCE.finditer(text):
+        sentence = match.group().strip()
+        if sentence and pattern.search(sentence):
+            found.append(_clip_words(sentence, words))
+            if len(found) >= limit:
+                break
+    return found
+
+
+def extract_notes(messages: list[dict], words: int = 40, per_message: int = 3) -> dict[str, list[str]]:
+    """User requests, constraints, decisions, errors and tool actions, found without a model.
+
+    Keys are ``NOTE_KEYS``, each list in order of appearance and deduplicated:
+    ``requests`` every user message (clipped to ``words``), ``constraints`` user sentences
+    with must/never/always/only/avoid..., ``decisions`` assistant sentences with
+    decided/instead/ruled out..., ``errors`` tool-result and assistant lines naming an
+    error (at most ``per_message`` each), ``actions`` the tool calls made (name and clipped
+    arguments). The summary that degraded mode writes is rendered from these and the exact
+    values (``render_state_summary``); nothing is paraphrased, so nothing can be invented.
+    """
+    notes: dict[str, dict[str, None]] = {key: {} for key in NOTE_KEYS}
+    for message in messages:
+        role = message.get("role")
+        if role in INSTRUCTION_ROLES:
+            continue
+        text = _DIRECTIVE.sub(" ", content_text(message.get("content"))).strip()
+        if role == "user" and text:
+            notes["requests"].setdefault(_clip_words(text, words), None)
+            for sentence in _sentences(text, _CONSTRAINT, words, per_message):
+                notes["constraints"].setdefault(sentence, None)
+        elif role == "assistant":
+            for sentence in _sentences(text, _DECISION, words, per_message):
+                notes["decisions"].setdefault(sentence, None)
+            for call in tool_calls(message):
+                args = _clip_words(call_arguments(call), words // 2)
+                notes["actions"].setdefault(f"{call_name(call) or 'tool'}({args})", None)
+        if role in ("tool", "assistant") and text:
+            if len(text) > 3 * _ERROR_SCAN_CHARS:  # a dumped log: its head and its tail say what failed
+                text = f"{text[:_ERROR_SCAN_CHARS]}\n{text[-2 * _ERROR_SCAN_CHARS:]}"
+            lines = [line.strip() for line in text.splitlines() if _ERROR.search(line)]
+            for line in lines[:per_message]:
+                notes["errors"].setdefault(_clip_words(line, words // 2), None)
+    return {key: list(values) for key, values in notes.items()}

@@ -256,3 +256,99 @@ def validate_summary(text: str, state: dict, policy: Policy) -> list[str]:
                 f"{policy.summary_required_values_ratio}"
             )
     return problems
+
+
+# --- degraded mode: a state-only summary written without a model ------------------------------
+
+DETERMINISTIC_MODEL = "deterministic"
+DETERMINISTIC_NOTE = (
+    "_State summary written without a model (the summary model was unavailable or rejected): "
+    "the lines below are taken verbatim from the conversation._"
+)
+# Bullets kept per section, (earliest, newest): the task's framing and the current work.
+_SECTION_CAPS = {
+    "Goal": (1, 0), "Constraints and prohibitions": (4, 8), "Decisions and ruled out": (3, 8),
+    "Important user messages": (3, 10), "Entities and exact values": (4, 8), "Files and resources": (4, 8),
+    "Errors and fixes": (2, 6), "Open tasks": (0, 2), "Current work": (0, 3), "Next step": (0, 1),
+}
+
+
+def summary_sections(text: str | None) -> dict[str, list[str]]:
+    """The bullets under each required heading of a Markdown summary (other text ignored)."""
+    sections: dict[str, list[str]] = {}
+    current: str | None = None
+    for line in (text or "").splitlines():
+        heading = _HEADING.fullmatch(line)
+        if heading:
+            name = re.sub(r"^[\d.)\s*_]+|[*_]+$", "", heading.group(1)).strip().lower()
+            current = next((s for s in REQUIRED_SECTIONS if name.startswith(s.lower())), None)
+            continue
+        item = re.sub(r"^\s*(?:[-*+]|\d+[.)])\s+", "", line).strip()
+        if current and item and item.lower().rstrip(".") != "none" and item != DETERMINISTIC_NOTE:
+            sections.setdefault(current, []).append(item)
+    return sections
+
+
+def _keep(items: list[str], head: int, tail: int) -> list[str]:
+    items = list(dict.fromkeys(items))
+    if len(items) <= head + tail:
+        return items
+    return items[:head] + (items[len(items) - tail :] if tail else [])
+
+
+def render_state_summary(previous_summary: str | None, notes: dict[str, list[str]], state: dict, policy: Policy) -> str:
+    """A summary with every required heading, built from ``extract_notes`` of the delta, its
+    exact values and the previous summary's bullets, without a model.
+
+    Degraded mode (docs/architecture.md, summary jobs): when the summary model keeps
+    rejecting the format, compaction must still proceed. Everything here is copied, not
+    paraphrased; the newest user request becomes the open task. A later model summary takes
+    this text as its previous summary and replaces it.
+    """
+    old = summary_sections(previous_summary)
+    requests = notes.get("requests") or []
+    actions = notes.get("actions") or []
+    rare = [v for key in ("ids", "versions", "emails", "urls") for v in (state or {}).get(key) or []]
+    new: dict[str, list[str]] = {
+        "Goal": requests[:1],
+        "Constraints and prohibitions": notes.get("constraints") or [],
+        "Decisions and ruled out": notes.get("decisions") or [],
+        "Important user messages": requests,
+        "Entities and exact values": rare,
+        "Files and resources": list((state or {}).get("paths") or []),
+        "Errors and fixes": notes.get("errors") or [],
+        "Open tasks": requests[-1:],
+        "Current work": [f"called {a}" for a in actions[-3:]],
+        "Next step": [f"continue with the user's latest request: {requests[-1]}"] if requests else [],
+    }
+    replaced = {"Open tasks", "Current work", "Next step"}  # about now, not history
+    merged: dict[str, list[str]] = {}
+    for section in REQUIRED_SECTIONS:
+        carried = [] if (section in replaced and new[section]) else old.get(section, [])
+        merged[section] = _keep([*carried, *new[section]], *_SECTION_CAPS[section])
+    # Within the word limit: thin the middle of the largest section first.
+    def words() -> int:
+        return sum(len(item.split()) + 1 for items in merged.values() for item in items)
+
+    while words() > policy.summary_max_words:
+        largest = max(merged, key=lambda s: len(merged[s]))
+        if len(merged[largest]) <= 2:
+            break
+        del merged[largest][len(merged[largest]) // 2]
+    lines = [DETERMINISTIC_NOTE, ""]
+    for section in REQUIRED_SECTIONS:
+        lines.append(f"## {section}")
+        lines.extend(f"- {item}" for item in merged[section] or ["None"])
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def render_correction_request(messages: list[dict], problems: list[str]) -> list[dict]:
+    """The summary request again, with why the previous answer was rejected: a retry that
+    tells the model what to fix, instead of asking the same question twice."""
+    fix = (
+        "Your previous answer was rejected: " + "; ".join(problems) + ". Write the summary again. "
+        "Start every section with its exact Markdown heading, in this order:\n"
+        + "\n".join(f"## {section}" for section in REQUIRED_SECTIONS)
+    )
+    return [*messages, {"role": "user", "content": fix}]

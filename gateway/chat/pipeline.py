@@ -61,7 +61,8 @@ class ChatPipeline:
         request[TENANT] = tenant
         if ref is not None:
             request[SESSION] = ref.key
-        auth = request.headers.get("Authorization")
+        # The client's credential (Authorization, or Azure-style api-key) for summary and discovery calls.
+        auth = {h: v for h in ("Authorization", "api-key") if (v := request.headers.get(h))} or None
         view = await offload.build_view(self.views, chat, ref, auth) if ref is not None else View()
         turn = Turn(chat, ref, model_label, timing, view, auth=auth)
         turn.headers["x-request-id"] = request.get(REQUEST_ID, "")

@@ -46,7 +46,7 @@ class Turn:
     headers: dict[str, str] = field(default_factory=dict)
     answer: dict | None = None  # set only when the upstream's answer arrived complete
     usage: dict | None = None
-    auth: str | None = None  # the client's Authorization, kept in memory for summary calls
+    auth: dict[str, str] | None = None  # the client's credential headers, kept in memory for summary calls
     recall_calls: int = 0
     recall_rounds: int = 0
     recall_matches: dict[str, str] = field(default_factory=dict)  # this turn's search hits

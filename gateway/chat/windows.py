@@ -64,7 +64,9 @@ class Windows:
                 return
             self._fetched_at = time.monotonic()
             key = self._upstream.api_key
-            headers = {"Authorization": f"Bearer {key}"} if key else ({"Authorization": auth} if auth else {})
+            # auth: the client's credential headers (Authorization or api-key), or an Authorization value.
+            client = {"Authorization": auth} if isinstance(auth, str) else dict(auth or {})
+            headers = {"Authorization": f"Bearer {key}"} if key else client
             try:
                 async with self._upstream.request(self._upstream.api, "GET", self._upstream.url("/v1/models"), headers=headers) as resp:
                     if resp.status != 200:

@@ -1,14 +1,27 @@
-"""Summary jobs (DESIGN §4): incremental, one at a time per session, async by default.
+"""Summary jobs (docs/architecture.md, summary checkpoints): incremental, one at a time per
+session, async by default, and cheap when the summary model fails.
 
 After a response whose view passed ``summary_trigger_ratio`` of the window, a job is queued
 (bounded queue, N workers). A request whose view passes ``sync_compaction_ratio`` waits for
 the session's running job or starts one, but never longer than ``sync_budget_s``: a delta too
 large to fold in time keeps running in the background while the request goes ahead tailored.
+Sync jobs count against the same bound as the queue: when it is full, requests go out
+tailored (with the exact values) instead of piling up jobs in memory.
 
 A job takes the previous checkpoint on the path, chooses a boundary that keeps the newest
-rounds raw, folds the delta in chunks (previous summary + chunk -> new summary), validates each
-summary (retry once), and stores a new checkpoint. Any failure leaves the previous checkpoint in
-place and never fails a user's request.
+rounds raw, folds the delta in chunks (previous summary + chunk -> new summary; big deltas as
+map-reduce), validates each summary and stores a new checkpoint.
+
+Faults (``gateway.jobs.backoff``): a failed job puts its session into exponential backoff with
+jitter (never shorter than an upstream ``Retry-After``); a per-model circuit breaker stops
+every session from calling a model that keeps failing and lets one probe through after a
+cool-down. A rejected summary (off-format) is retried once with the reasons, and only while the
+session has no rejection history. A session whose summaries keep being rejected is
+*degraded*: its jobs write a deterministic state-only checkpoint (model ``"deterministic"``:
+user requests, decisions and exact values copied without a model), so compaction proceeds
+whatever the model; the next model summary that passes replaces it. A plain outage (5xx, 429,
+timeout) only waits: the view is tailored with the exact values meanwhile. No failure ever
+fails a user's request.
 """
 
 from __future__ import annotations
@@ -16,67 +29,55 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
-
-import orjson
 
 from gateway.http.upstream import Upstream
-from policies import (
-    Policy,
-    TokenCounter,
-    choose_boundary,
-    chunk_messages,
-    extract_exact_values,
-    format_transcript,
-    merge_state,
-    render_forked_summary_request,
-    render_summary_request,
-    validate_summary,
-)
+from gateway.jobs.backoff import Breaker, SessionBackoff
+from gateway.settings import SummarySettings
+from gateway.jobs.summary_model import Auth, SummaryFailed, SummaryJob, SummaryModel, SummaryRejected
+from policies import Policy, TokenCounter, choose_boundary, chunk_messages, extract_exact_values, merge_state
+from policies.extraction import extract_notes
+from policies.summary import DETERMINISTIC_MODEL, render_state_summary
 from store import acquire as store_acquire, call as store_call
 from store.checkpoints import Checkpoint
 from store.ledger import SessionRef
 
 log = logging.getLogger("palimpsest.summary")
-# Tokens a summary request needs besides the transcript: instruction, previous summary, values.
-SUMMARY_PROMPT_ROOM = 4000
-VALIDATED_VALUES = 12
+BREAKERS_TRACKED = 1000
 
-
-class SummaryFailed(Exception):
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-@dataclass(slots=True)
-class SummaryJob:
-    ref: SessionRef
-    model: str
-    policy: Policy
-    history: list[dict]  # the path's messages (answer included), no system messages
-    ids: list[str]
-    auth: str | None  # the client's Authorization, in memory only, for upstreams that need it
-    parent_view: list[dict] | None = None  # for cache-safe forking
-    mode: str = "async"
-    budget: int = 0  # the request model's prompt budget: scales the raw tail kept after the boundary
+__all__ = ["Summarizer", "SummaryFailed", "SummaryJob", "SummaryRejected"]
 
 
 class Summarizer:
     def __init__(self, *, upstream: Upstream, checkpoints, counter: TokenCounter, metrics, workers: int, queue_size: int,
-                 windows=None) -> None:
+                 windows=None, config=None) -> None:
         self.upstream = upstream
         self.windows = windows
         self.checkpoints = checkpoints
         self.counter = counter
         self.metrics = metrics
+        self.config = c = config or SummarySettings()
         self._queue: asyncio.Queue[SummaryJob] = asyncio.Queue(maxsize=queue_size)
         self._workers: list[asyncio.Task] = []
         self._worker_count = workers
+        # Jobs in memory at once (queued + running, sync ones included): beyond it, tailoring.
+        self._max_running = workers + queue_size
         self._running: dict[str, asyncio.Task] = {}
         self._queued: set[str] = set()
-        # Seconds per summary call, learnt; decides whether a sync fold can finish in time.
-        self._call_seconds = 3.0
+        self._in_hand = 0  # taken off the queue by a worker, not launched yet
+        self.backoff = SessionBackoff(base_s=c.backoff_base_s, max_s=c.backoff_max_s, jitter=c.backoff_jitter,
+                                      degrade_after=c.deterministic_after)
+        self.breakers: dict[tuple[str, str], Breaker] = {}
+        self.model = SummaryModel(upstream=upstream, windows=windows, counter=counter, metrics=metrics,
+                                  backoff=self.backoff, outcome=self._outcome)
+
+    @property
+    def _call_seconds(self) -> float:
+        """Seconds per summary call, learnt (tests and benchmarks reset it)."""
+        return self.model.call_seconds
+
+    @_call_seconds.setter
+    def _call_seconds(self, value: float) -> None:
+        self.model.call_seconds = value
 
     @property
     def idle(self) -> bool:
@@ -112,26 +113,38 @@ class Summarizer:
         if key in self._running or key in self._queued:
             self.metrics.summary_dropped.labels("busy").inc()
             return
+        if self._full():
+            self.metrics.summary_dropped.labels("queue_full").inc()
+            return
         job = SummaryJob(
             turn.ref, turn.chat.model, policy, [*turn.chat.history, answer_event.message], [*turn.chat.ids, answer_event.id],
             turn.auth, view.messages, budget=view.budget,
         )
+        if not self._admit(job):
+            return
         try:
             self._queue.put_nowait(job)
         except asyncio.QueueFull:
+            self._release(job)
             self.metrics.summary_dropped.labels("queue_full").inc()
             return
         self._queued.add(key)
         self.metrics.summary_enqueued.labels("async").inc()
         self.metrics.summary_queue_depth.set(self._queue.qsize())
 
-    async def sync(self, ref: SessionRef, chat, policy: Policy, auth: str | None, *, deadline: float, budget: int) -> Checkpoint | None:
+    async def sync(self, ref: SessionRef, chat, policy: Policy, auth: Auth, *, deadline: float, budget: int) -> Checkpoint | None:
         """Join the session's running job or start one; wait until `deadline` at most."""
         task = self._running.get(ref.key)
         if task is None:
+            if self._full():
+                self.metrics.summary_dropped.labels("queue_full").inc()
+                return None  # degrade to tailoring, not to unbounded jobs in memory
             job = SummaryJob(ref, chat.model, policy, chat.history, chat.ids, auth, None, "sync", budget)
-            calls = await self._plan(job)
+            if not self._admit(job):
+                return None
+            calls = 0 if job.deterministic else await self._plan(job)
             if calls is None:
+                self._release(job)
                 return None
             self.metrics.summary_enqueued.labels("sync").inc()
             task = self._launch(job)
@@ -147,10 +160,67 @@ class Summarizer:
         except Exception:
             return None
 
+    def _full(self) -> bool:
+        return len(self._running) + self._queue.qsize() + self._in_hand >= self._max_running
+
+    # -- may this job call the model? ----------------------------------------------------------
+
+    def _breaker(self, job: SummaryJob) -> Breaker:
+        policy = job.policy
+        key = ((policy.summary_base_url or self.upstream.base_url).rstrip("/"), policy.summary_model or job.model)
+        breaker = self.breakers.get(key)
+        if breaker is None:
+            if len(self.breakers) >= BREAKERS_TRACKED:
+                for old in [k for k, b in self.breakers.items() if b.state == "closed" and not b.consecutive]:
+                    del self.breakers[old]
+            c = self.config
+            breaker = self.breakers[key] = Breaker(failures=c.breaker_failures, cooldown_s=c.breaker_cooldown_s,
+                                                   max_s=c.backoff_max_s, jitter=c.backoff_jitter)
+        return breaker
+
+    def _admit(self, job: SummaryJob) -> bool:
+        """Whether the job runs, and how: with the model, as the breaker's probe, or degraded
+        (deterministic, no model call). Skipped jobs are counted, not queued."""
+        key = job.ref.key
+        degraded = self.backoff.degraded(key)
+        if self.backoff.waiting(key):
+            if degraded:
+                job.deterministic = True
+                return True
+            self.metrics.summary_skipped.labels("backoff").inc()
+            return False
+        breaker = self._breaker(job)
+        verdict = breaker.admit()
+        if verdict == "probe":
+            job.probe = breaker
+            self._transition("half_open")
+        if verdict in ("call", "probe"):
+            return True
+        if degraded or breaker.cause == "rejected":
+            job.deterministic = True  # the model is known to reject the format: do not wait for it
+            return True
+        self.metrics.summary_skipped.labels(verdict).inc()
+        return False
+
+    def _release(self, job: SummaryJob) -> None:
+        if job.probe is not None and job.probe.probing:
+            job.probe.release()
+
+    def _transition(self, kind: str | None) -> None:
+        if kind:
+            self.metrics.summary_breaker_transitions.labels(kind).inc()
+            log.warning("summary breaker %s", kind)
+        self.metrics.summary_breakers_open.set(sum(b.state != "closed" for b in self.breakers.values()))
+
+    def _outcome(self, job: SummaryJob, ok: bool, outcome: str, *, cause: str = "unavailable",
+                 retry_after: float | None = None) -> None:
+        self.metrics.summary_calls.labels(outcome).inc()
+        self._transition(self._breaker(job).record(ok, cause=cause, retry_after=retry_after))
+
     # -- running -----------------------------------------------------------------------------
 
     def _launch(self, job: SummaryJob) -> asyncio.Task:
-        task = asyncio.create_task(self._guarded(job))
+        task = asyncio.create_task(self._guarded(job), name=f"summary-job-{job.mode}")
         self._running[job.ref.key] = task
         task.add_done_callback(lambda t, key=job.ref.key: self._running.pop(key, None) if self._running.get(key) is t else None)
         return task
@@ -160,36 +230,55 @@ class Summarizer:
             job = await self._queue.get()
             self._queued.discard(job.ref.key)
             self.metrics.summary_queue_depth.set(self._queue.qsize())
+            self._in_hand += 1
+            launched = False
             try:
                 running = self._running.get(job.ref.key)
                 if running is not None:
                     await asyncio.wait([running])  # one job per session at a time
-                await self._launch(job)
+                task = self._launch(job)
+                self._in_hand -= 1
+                launched = True
+                await task
             except Exception:
                 pass  # _guarded already counted and logged it
             finally:
+                if not launched:
+                    self._in_hand -= 1
+                    self._release(job)
                 self._queue.task_done()
 
     async def _guarded(self, job: SummaryJob) -> Checkpoint | None:
         started = time.perf_counter()
+        key = job.ref.key
         try:
             cp = await asyncio.wait_for(self._run(job), job.policy.summary_timeout_s)
         except asyncio.TimeoutError:
             self.metrics.summary_errors.labels("timeout").inc()
-            log.warning("summary job timed out", extra={"fields": {"session": job.ref.key}})
+            if not job.deterministic:
+                self._outcome(job, False, "timeout")
+            log.warning("summary job timed out", extra={"fields": {"session": key, "retry_in_s": round(self.backoff.failed(key), 1)}})
             return None
         except SummaryFailed as exc:
             self.metrics.summary_errors.labels(exc.reason).inc()
-            log.warning("summary job failed", extra={"fields": {"session": job.ref.key, "reason": exc.reason}})
+            wait = self.backoff.failed(key, exc.retry_after)
+            log.warning("summary job failed", extra={"fields": {"session": key, "reason": exc.reason, "retry_in_s": round(wait, 1)}})
             return None
         except asyncio.CancelledError:
             raise
         except Exception:
             self.metrics.summary_errors.labels("internal").inc()
+            self.backoff.failed(key)
             log.exception("summary job crashed")
             return None
+        finally:
+            self._release(job)
         if cp is not None:
             self.metrics.summary_seconds.labels(job.mode).observe(time.perf_counter() - started)
+            if job.fell_back:
+                self.backoff.failed(key)  # the model stays on probation: probe it again later
+            elif not job.deterministic:
+                self.backoff.succeeded(key)
         return cp
 
     async def _plan(self, job: SummaryJob) -> int | None:
@@ -199,19 +288,11 @@ class Summarizer:
         if bounds is None:
             return None
         start, end, _ = bounds
-        chunks = len(chunk_messages(job.history[start:end], await self._chunk_tokens(job), self.counter))
+        chunks = len(chunk_messages(job.history[start:end], await self.model.chunk_tokens(job), self.counter))
         parallel = job.policy.summary_parallel
         if chunks > 1 and parallel > 1:
             return -(-chunks // parallel) + 1
         return chunks
-
-    async def _chunk_tokens(self, job: SummaryJob) -> int:
-        """Transcript tokens per summary call: the policy's, but never more than the summary
-        model's window holds next to the prompt, the previous summary and the answer."""
-        policy = job.policy
-        window = await self.windows.window(policy.summary_model or job.model, job.auth) if self.windows else 10**9
-        room = window - 2 * policy.summary_max_words - SUMMARY_PROMPT_ROOM
-        return max(1000, min(policy.summary_chunk_tokens, room))
 
     async def _bounds(self, job: SummaryJob) -> tuple[int, int, Checkpoint | None] | None:
         positions = {eid: i for i, eid in enumerate(job.ids)}
@@ -247,102 +328,32 @@ class Summarizer:
         delta_state = extract_exact_values(delta)
         state = merge_state(previous.state if previous else None, delta_state)
         summary = previous.summary if previous else None
-        chunks = chunk_messages(delta, await self._chunk_tokens(job), self.counter)
-        if len(chunks) > 1 and policy.summary_parallel > 1:
-            summary = await self._map_reduce(job, summary, chunks, state)
-        else:
-            for chunk in chunks:
-                summary = await self._fold(job, summary, chunk, single=len(chunks) == 1)
+        model = policy.summary_model or job.model
+        if not job.deterministic:
+            try:
+                summary = await self.model.write(job, summary, delta, state)
+            except SummaryRejected:
+                if not self.backoff.degraded(job.ref.key):
+                    raise
+                job.fell_back = True
+        if job.deterministic or job.fell_back:
+            summary = render_state_summary(previous.summary if previous else None, extract_notes(delta), delta_state, policy)
+            model = DETERMINISTIC_MODEL
         covered_tokens = (previous.covered_tokens if previous else 0) + sum(
             self.counter.count_message(m, k) for m, k in zip(delta, delta_ids)
         )
         summary_tokens = self.counter.count_text(summary or "")
         cp = await store_call(
             self.checkpoints.add, job.ref.key, boundary=job.ids[end - 1], summary=summary or "", state=state, covered_tokens=covered_tokens,
-            covered_events=end, model=policy.summary_model or job.model, mode=job.mode,
+            covered_events=end, model=model, mode=job.mode,
             previous=previous.id if previous else None, summary_tokens=summary_tokens,
         )
         self.metrics.summary_created.labels(job.mode).inc()
+        if model == DETERMINISTIC_MODEL:
+            self.metrics.summary_deterministic.labels(job.mode).inc()
         self.metrics.summary_input_events.inc(len(delta))
         if covered_tokens:
             self.metrics.summary_compression.observe(summary_tokens / covered_tokens)
-        log.info("checkpoint created", extra={"fields": {"session": job.ref.key, "checkpoint": cp.id, "covered_events": end, "mode": job.mode}})
+        log.info("checkpoint created", extra={"fields": {"session": job.ref.key, "checkpoint": cp.id, "covered_events": end,
+                                                         "mode": job.mode, "deterministic": model == DETERMINISTIC_MODEL}})
         return cp
-
-    async def _fold(self, job: SummaryJob, summary: str | None, chunk: list[dict], *, single: bool) -> str:
-        """`summary` updated with one chunk of the delta."""
-        policy = job.policy
-        # The summary is asked to keep the chunk's own values (the structured state carries
-        # every value of the session beside it anyway), and validation checks the first few
-        # of each kind: a 60-round delta can name hundreds of paths.
-        chunk_state = extract_exact_values(chunk, cap=VALIDATED_VALUES * 4)
-        checked = {kind: values[:VALIDATED_VALUES] for kind, values in chunk_state.items()}
-        if policy.summary_cache_fork and job.parent_view and single:
-            messages = render_forked_summary_request(job.parent_view, summary, chunk_state, policy)
-        else:
-            messages = render_summary_request(summary, chunk_state, format_transcript(chunk, policy), policy)
-        return await self._summarize(job, messages, checked)
-
-    async def _map_reduce(self, job: SummaryJob, previous: str | None, chunks: list[list[dict]], state: dict) -> str:
-        """Summarise the chunks at once (at most summary_parallel calls in flight), then merge
-        the part summaries into the previous summary with one more call."""
-        gate = asyncio.Semaphore(job.policy.summary_parallel)
-
-        async def part(chunk: list[dict]) -> str:
-            async with gate:
-                return await self._fold(job, None, chunk, single=False)
-
-        parts = await asyncio.gather(*(part(c) for c in chunks))
-        transcript = "\n\n".join(f"[summary of part {i + 1} of {len(parts)}, in order]\n{text}" for i, text in enumerate(parts))
-        checked = {kind: values[:VALIDATED_VALUES] for kind, values in state.items()}
-        merged_state = {kind: values[: VALIDATED_VALUES * 4] for kind, values in state.items()}
-        messages = render_summary_request(previous, merged_state, transcript, job.policy)
-        return await self._summarize(job, messages, checked)
-
-    async def _summarize(self, job: SummaryJob, messages: list[dict], chunk_state: dict) -> str:
-        problems: list[str] = []
-        for _attempt in range(2):
-            text = await self._call(job, messages)
-            problems = validate_summary(text, chunk_state, job.policy)
-            if not problems:
-                return text
-            self.metrics.summary_invalid.inc()
-            # Problems name sections and counts, never summary text.
-            log.warning("summary rejected", extra={"fields": {"session": job.ref.key, "problems": problems}})
-        raise SummaryFailed("invalid_format")
-
-    async def _call(self, job: SummaryJob, messages: list[dict]) -> str:
-        policy = job.policy
-        base = (policy.summary_base_url or self.upstream.base_url).rstrip("/")
-        headers = {"Content-Type": "application/json", "x-palimpsest-purpose": "summary"}
-        key = policy.summary_api_key or (None if policy.summary_base_url else self.upstream.api_key)
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        elif job.auth:
-            headers["Authorization"] = job.auth
-        body = {"model": policy.summary_model or job.model, "messages": messages, "max_tokens": policy.summary_max_words * 2, "temperature": 0}
-        started = time.perf_counter()
-        try:
-            async with self.upstream.request(self.upstream.api, "POST", base + "/chat/completions", data=orjson.dumps(body), headers=headers) as resp:
-                payload = await resp.read()
-                if resp.status != 200:
-                    raise SummaryFailed(f"upstream_{resp.status}")
-        except SummaryFailed:
-            raise
-        except Exception as exc:
-            raise SummaryFailed("upstream_unreachable") from exc
-        elapsed = time.perf_counter() - started
-        self._call_seconds = 0.7 * self._call_seconds + 0.3 * elapsed
-        self.metrics.summary_llm_seconds.observe(elapsed)
-        try:
-            data = orjson.loads(payload)
-            text = data["choices"][0]["message"]["content"] or ""
-        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
-            raise SummaryFailed("bad_response") from None
-        usage = data.get("usage") or {}
-        prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
-        self.metrics.summary_input_tokens.inc(prompt)
-        self.metrics.summary_output_tokens.inc(completion)
-        self.metrics.summary_cache_read_tokens.inc((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
-        self.metrics.tokens_spent_overhead.labels("summary").inc(prompt + completion)
-        return text

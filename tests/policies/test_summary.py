@@ -150,3 +150,65 @@ def test_summary_request_caps_bulk_values_but_keeps_ids():
     state = {"ids": [f"ID-{i}" for i in range(60)], "paths": [f"/p/{i}.py" for i in range(300)]}
     body = render_summary_request(None, state, "t", Policy())[1]["content"]
     assert all(f"ID-{i}" in body for i in range(60)) and "/p/150.py" not in body
+
+
+# -- degraded mode: the state-only summary written without a model ------------------------------
+
+from policies.extraction import extract_exact_values, extract_notes  # noqa: E402
+from policies.summary import (  # noqa: E402
+    DETERMINISTIC_NOTE,
+    render_correction_request,
+    render_state_summary,
+    summary_sections,
+)
+
+
+def _agent_delta(steps: int) -> list[dict]:
+    messages = []
+    for i in range(steps):
+        messages += [
+            user(f"Step {i}: please fix the importer on /srv/app/imp{i}.py. Never touch prod-db-{i}."),
+            assistant(None, [(f"c{i}", "read_file", {"path": f"/srv/app/imp{i}.py"})]),
+            result(f"c{i}", f"line 1\nTraceback: KeyError in loader {i}\n" + payload(300, seed=i)),
+            assistant(f"We decided to use the streaming parser instead of pandas for step {i}."),
+        ]
+    return messages
+
+
+def test_state_summary_has_every_heading_and_passes_validation():
+    delta = _agent_delta(3) + [user("Order ZFA04Y ships with v2.4.1 to ops@example.com")]
+    state = extract_exact_values(delta)
+    text = render_state_summary(None, extract_notes(delta), state, Policy())
+    assert text.startswith(DETERMINISTIC_NOTE)
+    assert validate_summary(text, state, Policy()) == []
+    sections = summary_sections(text)
+    assert sections["Goal"] == ["Step 0: please fix the importer on /srv/app/imp0.py. Never touch prod-db-0."]
+    assert "Never touch prod-db-2." in sections["Constraints and prohibitions"]
+    assert any("streaming parser instead of pandas" in d for d in sections["Decisions and ruled out"])
+    assert any("KeyError in loader 1" in e for e in sections["Errors and fixes"])
+    assert {"ZFA04Y", "v2.4.1", "ops@example.com"} <= set(sections["Entities and exact values"])
+    assert sections["Open tasks"] == ["Order ZFA04Y ships with v2.4.1 to ops@example.com"]
+    assert sections["Current work"][-1] == 'called read_file({"path": "/srv/app/imp2.py"})'
+
+
+def test_state_summary_carries_the_previous_summary_and_stays_within_the_word_limit():
+    previous = GOOD.replace("## Goal\n- item ZFA04Y /src/app.py", "## Goal\n- ship the importer")
+    text = render_state_summary(previous, extract_notes(_agent_delta(60)), {}, Policy(summary_max_words=300))
+    sections = summary_sections(text)
+    assert sections["Goal"] == ["ship the importer"]  # the task's framing survives
+    requests = sections["Important user messages"]
+    assert requests[0] == "item ZFA04Y /src/app.py" and requests[-1].startswith("Step 59:")  # earliest and newest kept
+    assert len(text.split()) <= 300 * 1.5
+    assert all(f"## {s}" in text for s in REQUIRED_SECTIONS)
+
+
+def test_state_summary_of_nothing_still_has_the_headings():
+    text = render_state_summary(None, extract_notes([]), {}, Policy())
+    assert all(f"## {s}\n- None" in text for s in REQUIRED_SECTIONS)
+
+
+def test_correction_request_keeps_the_request_and_names_the_problems():
+    messages = render_summary_request(None, {}, "[user] hi", Policy())
+    retry = render_correction_request(messages, ["missing sections: Goal"])
+    assert retry[:-1] == messages
+    assert "missing sections: Goal" in retry[-1]["content"] and "## Next step" in retry[-1]["content"]

@@ -1,0 +1,217 @@
+"""The summary model, called: chunked folds, map-reduce, validation, one informed retry.
+
+``SummaryModel.write`` turns the previous summary and a delta into a new summary or raises
+``SummaryFailed`` (``SummaryRejected`` when the model answered off-format). Every call's outcome
+goes to ``outcome`` (the summarizer's per-model breaker and metrics); rejections are counted on
+the session's backoff state, which decides whether a retry is still worth a call. Summary calls
+carry the client's own credential (``Authorization`` or Azure-style ``api-key``) unless a
+summary or upstream key is configured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import orjson
+
+from gateway.http.upstream import Upstream
+from gateway.jobs.backoff import Breaker, SessionBackoff, retry_after_seconds
+from policies import (
+    Policy,
+    TokenCounter,
+    chunk_messages,
+    extract_exact_values,
+    format_transcript,
+    render_forked_summary_request,
+    render_summary_request,
+    validate_summary,
+)
+from policies.summary import render_correction_request
+from store.ledger import SessionRef
+
+log = logging.getLogger("palimpsest.summary")
+# Tokens a summary request needs besides the transcript: instruction, previous summary, values.
+SUMMARY_PROMPT_ROOM = 4000
+VALIDATED_VALUES = 12
+CREDENTIAL_HEADERS = ("authorization", "api-key")
+
+Auth = Mapping[str, str] | str | None
+
+
+def credential_headers(auth: Auth) -> dict[str, str]:
+    """The client's credential as request headers: ``Authorization`` or Azure-style ``api-key``
+    (a bare string is an Authorization value)."""
+    if not auth:
+        return {}
+    if isinstance(auth, str):
+        return {"Authorization": auth}
+    return {k: v for k, v in auth.items() if k.lower() in CREDENTIAL_HEADERS and v}
+
+
+class SummaryFailed(Exception):
+    def __init__(self, reason: str, retry_after: float | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+class SummaryRejected(SummaryFailed):
+    """The model answered, but the summary failed validation."""
+
+    def __init__(self) -> None:
+        super().__init__("invalid_format")
+
+
+@dataclass(slots=True)
+class SummaryJob:
+    ref: SessionRef
+    model: str
+    policy: Policy
+    history: list[dict]  # the path's messages (answer included), no system messages
+    ids: list[str]
+    auth: Auth  # the client's credential headers, in memory only, for upstreams that need them
+    parent_view: list[dict] | None = None  # for cache-safe forking
+    mode: str = "async"
+    budget: int = 0  # the request model's prompt budget: scales the raw tail kept after the boundary
+    deterministic: bool = False  # degraded: write the state-only checkpoint, call no model
+    probe: Breaker | None = None  # the half-open breaker this job probes
+    fell_back: bool = False  # the model was rejected and the job wrote a deterministic checkpoint
+
+
+class SummaryModel:
+    def __init__(self, *, upstream: Upstream, windows, counter: TokenCounter, metrics, backoff: SessionBackoff,
+                 outcome: Callable[..., None]) -> None:
+        self.upstream = upstream
+        self.windows = windows
+        self.counter = counter
+        self.metrics = metrics
+        self.backoff = backoff
+        self.outcome = outcome
+        # Seconds per summary call, learnt; decides whether a sync fold can finish in time.
+        self.call_seconds = 3.0
+
+    async def chunk_tokens(self, job: SummaryJob) -> int:
+        """Transcript tokens per summary call: the policy's, but never more than the summary
+        model's window holds next to the prompt, the previous summary and the answer."""
+        policy = job.policy
+        window = await self.windows.window(policy.summary_model or job.model, job.auth) if self.windows else 10**9
+        room = window - 2 * policy.summary_max_words - SUMMARY_PROMPT_ROOM
+        return max(1000, min(policy.summary_chunk_tokens, room))
+
+    async def write(self, job: SummaryJob, summary: str | None, delta: list[dict], state: dict) -> str | None:
+        """`summary` updated with `delta`: folded chunk by chunk, or map-reduced when big."""
+        chunks = chunk_messages(delta, await self.chunk_tokens(job), self.counter)
+        if len(chunks) > 1 and job.policy.summary_parallel > 1:
+            return await self.map_reduce(job, summary, chunks, state)
+        for chunk in chunks:
+            summary = await self.fold(job, summary, chunk, single=len(chunks) == 1)
+        return summary
+
+    async def fold(self, job: SummaryJob, summary: str | None, chunk: list[dict], *, single: bool) -> str:
+        """`summary` updated with one chunk of the delta."""
+        policy = job.policy
+        # The summary is asked to keep the chunk's own values (the structured state carries
+        # every value of the session beside it anyway), and validation checks the first few
+        # of each kind: a 60-round delta can name hundreds of paths.
+        chunk_state = extract_exact_values(chunk, cap=VALIDATED_VALUES * 4)
+        checked = {kind: values[:VALIDATED_VALUES] for kind, values in chunk_state.items()}
+        if policy.summary_cache_fork and job.parent_view and single:
+            messages = render_forked_summary_request(job.parent_view, summary, chunk_state, policy)
+        else:
+            messages = render_summary_request(summary, chunk_state, format_transcript(chunk, policy), policy)
+        return await self.summarize(job, messages, checked)
+
+    async def map_reduce(self, job: SummaryJob, previous: str | None, chunks: list[list[dict]], state: dict) -> str:
+        """Summarise the chunks at once (at most summary_parallel calls in flight), then merge
+        the part summaries into the previous summary with one more call. One failing part
+        cancels its siblings and waits for them: nothing keeps running unobserved."""
+        gate = asyncio.Semaphore(job.policy.summary_parallel)
+
+        async def part(chunk: list[dict]) -> str:
+            async with gate:
+                return await self.fold(job, None, chunk, single=False)
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(part(c), name=f"summary-part-{i}") for i, c in enumerate(chunks)]
+        except BaseExceptionGroup as failed:
+            raise _first_failure(failed) from None
+        parts = [t.result() for t in tasks]
+        transcript = "\n\n".join(f"[summary of part {i + 1} of {len(parts)}, in order]\n{text}" for i, text in enumerate(parts))
+        checked = {kind: values[:VALIDATED_VALUES] for kind, values in state.items()}
+        merged_state = {kind: values[: VALIDATED_VALUES * 4] for kind, values in state.items()}
+        messages = render_summary_request(previous, merged_state, transcript, job.policy)
+        return await self.summarize(job, messages, checked)
+
+    async def summarize(self, job: SummaryJob, messages: list[dict], checked: dict) -> str:
+        """One call; a rejected answer gets one retry that names the problems, unless the
+        session already has a rejection history (then it is not worth a second call)."""
+        for attempt in range(2):
+            text = await self.call(job, messages)
+            problems = validate_summary(text, checked, job.policy)
+            if not problems:
+                self.outcome(job, True, "ok")
+                return text
+            self.outcome(job, False, "rejected", cause="rejected")
+            self.metrics.summary_invalid.inc()
+            rejections = self.backoff.rejected(job.ref.key)
+            # Problems name sections and counts, never summary text.
+            log.warning("summary rejected", extra={"fields": {"session": job.ref.key, "problems": problems, "rejections": rejections}})
+            if attempt or self.backoff.degraded(job.ref.key):
+                break
+            messages = render_correction_request(messages, problems)
+        raise SummaryRejected()
+
+    async def call(self, job: SummaryJob, messages: list[dict]) -> str:
+        policy = job.policy
+        base = (policy.summary_base_url or self.upstream.base_url).rstrip("/")
+        headers = {"Content-Type": "application/json", "x-palimpsest-purpose": "summary"}
+        key = policy.summary_api_key or (None if policy.summary_base_url else self.upstream.api_key)
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        elif job.auth:
+            headers.update(credential_headers(job.auth))
+        body = {"model": policy.summary_model or job.model, "messages": messages, "max_tokens": policy.summary_max_words * 2, "temperature": 0}
+        started = time.perf_counter()
+        try:
+            async with self.upstream.request(self.upstream.api, "POST", base + "/chat/completions", data=orjson.dumps(body), headers=headers) as resp:
+                payload = await resp.read()
+                if resp.status != 200:
+                    wait = retry_after_seconds(resp.headers) if resp.status in (429, 503) else None
+                    self.outcome(job, False, "rate_limited" if resp.status == 429 else "error", retry_after=wait)
+                    raise SummaryFailed(f"upstream_{resp.status}", wait)
+        except SummaryFailed:
+            raise
+        except Exception as exc:
+            self.outcome(job, False, "error")
+            raise SummaryFailed("upstream_unreachable") from exc
+        elapsed = time.perf_counter() - started
+        self.call_seconds = 0.7 * self.call_seconds + 0.3 * elapsed
+        self.metrics.summary_llm_seconds.observe(elapsed)
+        try:
+            data = orjson.loads(payload)
+            text = data["choices"][0]["message"]["content"] or ""
+        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+            self.outcome(job, False, "error")
+            raise SummaryFailed("bad_response") from None
+        usage = data.get("usage") or {}
+        prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
+        self.metrics.summary_input_tokens.inc(prompt)
+        self.metrics.summary_output_tokens.inc(completion)
+        self.metrics.summary_cache_read_tokens.inc((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        self.metrics.tokens_spent_overhead.labels("summary").inc(prompt + completion)
+        return text
+
+
+def _first_failure(group: BaseExceptionGroup) -> BaseException:
+    """The exception a failed part raised (its siblings' cancellations are not failures)."""
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            exc = _first_failure(exc)
+        if not isinstance(exc, asyncio.CancelledError):
+            return exc
+    return group.exceptions[0]
