@@ -117,9 +117,9 @@ class ChatPipeline:
             else:
                 self.metrics.upstream_error(up.status)
             response = web.Response(status=up.status, reason=up.reason, body=payload, headers=headers)
+        await self.recorder.answer(turn)  # durable before the client has it (issue 9 item 6: ~0.1 ms embedded)
         await response.prepare(request)
         await response.write_eof()
-        await self.recorder.answer(turn)
         return response
 
     async def _relay_stream(self, request: web.Request, turn: Turn) -> web.StreamResponse:
@@ -140,15 +140,19 @@ class ChatPipeline:
                     if up.status == 200:
                         _learn(turn, payload)  # a provider that ignored stream=true
                     response = web.Response(status=up.status, reason=up.reason, body=payload, headers=headers)
+                    await self.recorder.answer(turn)  # durable before the client has it
                     await response.prepare(request)
                     await response.write_eof()
-                    await self.recorder.answer(turn)
                     return response
                 response = web.StreamResponse(status=up.status, reason=up.reason, headers=headers)
                 await response.prepare(request)
                 assembler = await self._pump(reader, response, turn)
                 if assembler.finish_reason is None and not assembler.done:
                     raise UpstreamIncomplete("The upstream's stream ended before the answer was complete.")
+                if assembler.finish_reason is not None:
+                    turn.answer = assembler.message()
+                    turn.usage = assembler.usage
+                await self.recorder.answer(turn)  # durable before the response ends (issue 9 item 6)
                 await response.write_eof()
         except GatewayError as exc:
             if response is None or not response.prepared:
@@ -156,10 +160,6 @@ class ChatPipeline:
             self.recorder.failed_in_stream(turn, exc)
             await end_with_error(response, exc)
             return response
-        if assembler.finish_reason is not None:
-            turn.answer = assembler.message()
-            turn.usage = assembler.usage
-        await self.recorder.answer(turn)
         return response
 
     async def _pump(self, reader, response: web.StreamResponse, turn: Turn) -> StreamAssembler:
