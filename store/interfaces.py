@@ -6,8 +6,10 @@ with the same signatures. A scale-out backend (e.g. a PostgreSQL ledger) impleme
 methods; the composition root (``gateway/app.py``) is the only place that names a concrete
 class, and ``gateway/keys.py`` types the application keys against these Protocols.
 
-Synchronous methods are short, one transaction each; the gateway may call them on the event
-loop. The search index is asynchronous where it embeds or reads tables.
+Synchronous methods are short, one transaction each. A store whose calls do network round
+trips (PostgreSQL, ``store.postgres``) says ``blocking = True``; async gateway code calls store
+methods through ``store.call`` / ``store.offload``, which run those in a worker thread and the
+embedded ones inline. The search index is asynchronous where it embeds or reads tables.
 
 Importing this module is cheap: the record types are only imported for type checking, so it
 never pulls in SQLite, diskcache or LanceDB.
@@ -88,6 +90,18 @@ class LedgerStore(Protocol):
 
     def volume_bytes(self) -> int: ...
 
+    def ping(self) -> None:
+        """Raise when the store cannot be reached (GET /readyz)."""
+        ...
+
+    def delete_session(self, session_key: str) -> int:
+        """Delete the session's events and record; the number of events deleted."""
+        ...
+
+    def expired(self, before: float) -> list[str]:
+        """Keys of sessions not updated since `before` (epoch seconds): the retention sweep."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -108,6 +122,17 @@ class CheckpointStore(Protocol):
         """The newest checkpoint whose boundary is on the path (`positions`: event id → index
         on the path), with the boundary's index."""
         ...
+
+    def delete_session(self, session_key: str) -> int:
+        """Delete every checkpoint of the session; how many there were."""
+        ...
+
+    def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
+        """Take or renew the lease `name` for `ttl_s` s; False while another holder has it
+        (one summariser per session across replicas; see ``store.acquire``)."""
+        ...
+
+    def release_lease(self, name: str, holder: str) -> None: ...
 
     def volume_bytes(self) -> int: ...
 

@@ -193,3 +193,12 @@ def test_retention_lists_idle_sessions(stores):
     ledger.sync(SessionRef("t", "idle"), CONVERSATION[:1])
     assert ledger.expired(time.time() - 60) == []
     assert ledger.expired(time.time() + 1) == [SessionRef("t", "idle").key]
+
+
+def test_both_backends_implement_the_store_interfaces(stores):
+    from store.interfaces import CheckpointStore, LedgerStore
+
+    ledger, checkpoints = stores()
+    assert isinstance(ledger, LedgerStore) and isinstance(checkpoints, CheckpointStore)
+    assert ledger.blocking is (stores.kind == "postgres") and checkpoints.blocking is (stores.kind == "postgres")
+    ledger.ping()
