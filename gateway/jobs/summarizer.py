@@ -170,9 +170,11 @@ class Summarizer:
         key = ((policy.summary_base_url or self.upstream.base_url).rstrip("/"), policy.summary_model or job.model)
         breaker = self.breakers.get(key)
         if breaker is None:
-            if len(self.breakers) >= BREAKERS_TRACKED:
+            if len(self.breakers) >= BREAKERS_TRACKED:  # model names come from clients: stay bounded
                 for old in [k for k, b in self.breakers.items() if b.state == "closed" and not b.consecutive]:
                     del self.breakers[old]
+                while len(self.breakers) >= BREAKERS_TRACKED:
+                    del self.breakers[next(iter(self.breakers))]
             c = self.config
             breaker = self.breakers[key] = Breaker(failures=c.breaker_failures, cooldown_s=c.breaker_cooldown_s,
                                                    max_s=c.backoff_max_s, jitter=c.backoff_jitter)
