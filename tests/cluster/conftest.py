@@ -5,6 +5,7 @@ under CI=true, where they must run. A test database is created per test and drop
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import secrets
 import shutil
@@ -63,6 +64,7 @@ def cluster(env: dict, *args: str, timeout: float = 180) -> str:
 def postgres(tmp_path_factory):
     """(env for cluster.sh, admin url, base url template) of a private PostgreSQL."""
     need("PostgreSQL (apt-get install postgresql)", pg_installed())
+    need("psycopg and moto (pip install -e '.[cluster]')", all(importlib.util.find_spec(m) for m in ("psycopg", "psycopg_pool", "moto")))
     # Not under pytest's 0700 tmp dir: PostgreSQL runs as its own user when tests run as root.
     root = Path(tempfile.mkdtemp(prefix="palimpsest-pg-"))
     os.chmod(root, 0o755)
