@@ -96,6 +96,12 @@ class RecallSettings(_Section):
     embeddings_api_key: SecretStr = Field(SecretStr(""), description="Key for embeddings_url.")
     embeddings_dim: int = Field(1536, gt=0, description="Vector size embeddings_url returns.")
     search_limit: int = Field(5, ge=1, le=20, description="Default number of search results.")
+    passage_tokens: int = Field(
+        600, ge=0, le=8000, description="Tokens of matching passages a search result carries for its best hits (0 = snippets only)."
+    )
+    auto_tokens: int = Field(
+        0, ge=0, le=8000, description="Proactive recall: tokens of hidden history, found with the newest user message, added to the view (0 = off)."
+    )
     index_uri: str = Field("", description="LanceDB URI of the recall index (s3://bucket/prefix for replicas); empty = <store.path>/index.")
     index_endpoint: str = Field("", description="S3-compatible endpoint URL for index_uri (MinIO, moto, ...); empty = AWS.")
     index_region: str = Field("us-east-1", description="S3 region for index_uri.")

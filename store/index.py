@@ -30,13 +30,14 @@ runs `optimize()`: compaction plus an incremental FTS index update. It runs outs
 lock, so adds never queue behind it. No vector index is built:
 a flat scan of a few thousand 256-d rows takes a few milliseconds, and is exact.
 
-Ranking
--------
-Both legs return chunks; each is collapsed to events (an event scores what its best chunk
-scores) and fused by relative score fusion (see `_fuse` for why not reciprocal rank fusion). The snippet comes
-from the event's best-scoring chunk. Excluded events are dropped after retrieval, re-querying
-deeper when they ate into the top: a `NOT IN (...)` prefilter measured 8 ms for 200 ids and
-46 ms for 2,000 on the vector leg.
+Ranking and scope
+-----------------
+Both legs return chunks; `store.ranking.fuse` collapses them to events and fuses them. A search
+may be limited to some events (`within`: the request's own path, so another conversation that
+shares the session never shows up, not even through a neighbour's score) and may skip some
+(`exclude`: what the model already sees). Both are applied after retrieval, re-querying deeper
+when they ate into the top: a `NOT IN (...)` prefilter measured 8 ms for 200 ids and 46 ms for
+2,000 on the vector leg.
 
 `indexed_seq` is a synchronous call on the request path; the first call per session per
 process reads the table once (a few ms, blocking), later calls are a dict lookup.
@@ -48,7 +49,6 @@ import asyncio
 import hashlib
 import logging
 from collections import OrderedDict
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -57,23 +57,23 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from lancedb.index import FTS
 
-from store.chunking import snippet, split_chunks
+from store.chunking import split_chunks
 from store.embedders import Embedder
+from store.ranking import Hit, Ranking, fuse, vector_query
 
-__all__ = ["Hit", "IndexedEvent", "SearchIndex"]
+__all__ = ["Hit", "IndexedEvent", "Ranking", "SearchIndex"]
 
 logger = logging.getLogger(__name__)
 
-# Cosine below which WordLlama vectors say "unrelated" (see _fuse).
-VECTOR_FLOOR = 0.3
-SNIPPET_CHARS = 300
 MAINTAIN_AFTER_ADDS = 16
 MAINTAIN_AFTER_ROWS = 256
 OPEN_TABLES = 128
 # Old table versions are garbage once no query can still be reading them.
 _KEEP_OLD_VERSIONS = timedelta(minutes=1)
-_COLUMNS = ["event_id", "chunk", "seq", "role", "created", "text"]
+_COLUMNS = ["event_id", "chunk", "seq", "role", "created", "parent", "text"]
 _EMBEDDER_KEY = b"palimpsest.embedder"
+# Bumped when the table's columns or chunking change: a table of another layout is rebuilt.
+_LAYOUT = "layout=2"
 
 
 @dataclass(frozen=True)
@@ -83,16 +83,7 @@ class IndexedEvent:
     role: str
     created: float
     text: str
-
-
-@dataclass(frozen=True)
-class Hit:
-    event_id: str
-    role: str
-    created: float
-    score: float
-    snippet: str
-    chunk: int
+    parent: str = ""  # the event before it in its conversation ("" for the first)
 
 
 @dataclass
@@ -112,8 +103,15 @@ def _sql_string(value: str) -> str:
 
 class SearchIndex:
     def __init__(
-        self, path: str, embedder: Embedder, chunk_chars: int = 1200, overlap_chars: int = 200,
-        *, storage_options: dict[str, str] | None = None, shared: bool = False,
+        self,
+        path: str,
+        embedder: Embedder,
+        chunk_chars: int = 1200,
+        overlap_chars: int = 200,
+        ranking: Ranking = Ranking(),
+        *,
+        storage_options: dict[str, str] | None = None,
+        shared: bool = False,
     ) -> None:
         split_chunks("", chunk_chars, overlap_chars)  # validates the sizes now, not on first add
         self._path = path
@@ -124,6 +122,8 @@ class SearchIndex:
         self._connect_options: dict = {"storage_options": storage_options} if storage_options else {}
         if shared:
             self._connect_options["read_consistency_interval"] = timedelta(0)
+        self.ranking = ranking
+        self._built_with = f"{embedder.name};{_LAYOUT};chunks={chunk_chars}/{overlap_chars}"
         self._embedder = embedder
         self._chunk_chars = chunk_chars
         self._overlap_chars = overlap_chars
@@ -135,10 +135,11 @@ class SearchIndex:
                 ("seq", pa.int64()),
                 ("role", pa.string()),
                 ("created", pa.float64()),
+                ("parent", pa.string()),
                 ("text", pa.string()),
                 ("vector", pa.list_(pa.float32(), embedder.dim)),
             ],
-            metadata={_EMBEDDER_KEY: embedder.name.encode()},
+            metadata={_EMBEDDER_KEY: self._built_with.encode()},
         )
         self._db: lancedb.AsyncConnection | None = None
         self._sync_db: lancedb.DBConnection | None = None
@@ -181,6 +182,7 @@ class SearchIndex:
                     "seq": [event.seq for event, _, _ in rows],
                     "role": [event.role for event, _, _ in rows],
                     "created": [event.created for event, _, _ in rows],
+                    "parent": [event.parent for event, _, _ in rows],
                     "text": [text for _, _, text in rows],
                     "vector": pa.FixedSizeListArray.from_arrays(
                         pa.array(vectors.reshape(-1), pa.float32()), self._embedder.dim
@@ -252,14 +254,21 @@ class SearchIndex:
         query: str,
         limit: int = 5,
         exclude_event_ids: frozenset[str] = frozenset(),
+        within: frozenset[str] | None = None,
+        ranking: Ranking | None = None,
     ) -> list[Hit]:
-        """Events of this session best matching `query`, best first, at most `limit`."""
+        """Events of this session best matching `query`, best first, at most `limit`.
+
+        `within`: only these events count (None: the whole session); `exclude_event_ids`:
+        these are never returned, though they still lend their neighbours a share of score.
+        """
         if limit <= 0 or not query.strip():
             return []
         session = await self._session(session_key)
         if session is None:
             return []
-        query_vector = (await self._embedder.embed([query]))[0]
+        ranking = ranking or self.ranking
+        query_vector = (await self._embedder.embed([vector_query(query, ranking)]))[0]
         where = f"session_key = {_sql_string(session_key)}"
         depth = max(20, 4 * limit + 2 * len(exclude_event_ids))
         while True:
@@ -279,17 +288,18 @@ class SearchIndex:
                 .to_list(),
             )
             legs = [
-                [row for row in rows if row["event_id"] not in exclude_event_ids]
+                rows if within is None else [row for row in rows if row["event_id"] in within]
                 for rows in (text_rows, vector_rows)
             ]
-            # Go deeper only when exclusions (or many chunks per event) left a full leg short.
-            if all(
-                len(raw) < depth or len({row["event_id"] for row in kept}) >= limit
-                for raw, kept in zip((text_rows, vector_rows), legs)
+            fused = fuse(legs, query, limit + len(exclude_event_ids), ranking)
+            hits = [hit for hit in fused if hit.event_id not in exclude_event_ids][:limit]
+            # Go deeper only when the scope or exclusions (or many chunks per event) left the
+            # list short while a leg still had more rows.
+            if len(hits) >= limit or all(
+                len(raw) < depth for raw in (text_rows, vector_rows)
             ):
-                break
+                return hits
             depth *= 2
-        return _fuse(legs, query, limit)
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -314,12 +324,12 @@ class SearchIndex:
         except ValueError:  # LanceDB's "Table '...' was not found"
             return None
         built_with = ((await table.schema()).metadata or {}).get(_EMBEDDER_KEY, b"").decode()
-        if built_with != self._embedder.name:
-            # Vectors from another embedder are meaningless to this one: start over, and let
+        if built_with != self._built_with:
+            # Vectors from another embedder (or rows of another layout) are useless here: start over, and let
             # the gateway's catch-up (indexed_seq is now -1) re-add the session's events.
             logger.warning(
-                "Index of session table %s was built with embedder %r, not %r; rebuilding",
-                name, built_with, self._embedder.name,
+                "Index of session table %s was built as %r, not %r; rebuilding",
+                name, built_with, self._built_with,
             )
             await db.drop_table(name, ignore_missing=True)
             self._high_water[session_key] = -1
@@ -362,7 +372,7 @@ class SearchIndex:
             table = self._sync_db.open_table(_table_name(session_key))
         except ValueError:
             return -1
-        if (table.schema.metadata or {}).get(_EMBEDDER_KEY, b"").decode() != self._embedder.name:
+        if (table.schema.metadata or {}).get(_EMBEDDER_KEY, b"").decode() != self._built_with:
             return -1  # _session rebuilds it on the next add
         seqs = table.search().select(["seq"]).limit(None).to_arrow()["seq"]
         highest = pc.max(seqs).as_py()
@@ -395,60 +405,3 @@ class SearchIndex:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-
-
-def _fuse(legs: Iterable[list[dict]], query: str, limit: int) -> list[Hit]:
-    """Relative score fusion at event level; each event keeps its best-scoring chunk.
-
-    Each leg's scores are put on a 0..1 scale and added: BM25 divided by the leg's best score,
-    vector similarity as the cosine above VECTOR_FLOOR, rescaled (rows are unit vectors,
-    LanceDB's "dot" distance is 1 - cosine). Unlike rank fusion this keeps the *margin*: a chunk that is the only one
-    holding a rare query word (a reservation code, a ticket number) scores far above the
-    rest of the BM25 leg, and a vector leg where every row is about equally (un)related adds
-    almost the same to everyone instead of promoting its arbitrary first row. On the synthetic
-    agent sessions this took top-1 recall of planted facts from 19/36 to 30/36 (paraphrases
-    12/36 to 24/36) over reciprocal rank fusion. The floor keeps WordLlama's background
-    similarity (~0.25-0.3 between unrelated texts) from outvoting a clear BM25 winner: on the 58
-    LongMemEval cases it took top-1 evidence from 36 to 39 (BM25 alone: 40), planted facts
-    unchanged, while a query sharing no word with its answer is still found by vectors alone.
-    """
-    chunk_scores: dict[tuple[str, int], float] = {}
-    chunk_rows: dict[tuple[str, int], dict] = {}
-    event_scores: dict[str, float] = {}
-    for rows in legs:
-        if not rows:
-            continue
-        if "_score" in rows[0]:
-            top = max(row["_score"] for row in rows) or 1.0
-            scores = [row["_score"] / top for row in rows]
-        else:
-            cosines = (1.0 - row["_distance"] for row in rows)
-            scores = [max(0.0, (c - VECTOR_FLOOR) / (1.0 - VECTOR_FLOOR)) for c in cosines]
-        leg_best: dict[str, float] = {}
-        for row, score in zip(rows, scores):
-            key = (row["event_id"], row["chunk"])
-            chunk_scores[key] = chunk_scores.get(key, 0.0) + score
-            chunk_rows.setdefault(key, row)
-            # An event scores what its best chunk scores in this leg.
-            leg_best[row["event_id"]] = max(leg_best.get(row["event_id"], 0.0), score)
-        for event_id, score in leg_best.items():
-            event_scores[event_id] = event_scores.get(event_id, 0.0) + score
-    best_chunk: dict[str, tuple[str, int]] = {}
-    for key, score in chunk_scores.items():
-        current = best_chunk.get(key[0])
-        if current is None or score > chunk_scores[current]:
-            best_chunk[key[0]] = key
-    hits = []
-    for event_id, score in sorted(event_scores.items(), key=lambda item: -item[1])[:limit]:
-        row = chunk_rows[best_chunk[event_id]]
-        hits.append(
-            Hit(
-                event_id=event_id,
-                role=row["role"],
-                created=row["created"],
-                score=score,
-                snippet=snippet(row["text"], query, SNIPPET_CHARS),
-                chunk=row["chunk"],
-            )
-        )
-    return hits

@@ -59,7 +59,7 @@ class Indexer:
             events = [e for e in await store_call(self.ledger.since, session_key, seq) if e.kind == "message"]
             if not events:
                 return 0
-            batch = [IndexedEvent(e.id, e.seq, e.role, e.created, event_text(e)) for e in events]
+            batch = [IndexedEvent(e.id, e.seq, e.role, e.created, event_text(e), e.parent or "") for e in events]
             return await index.add(session_key, batch)
 
     def schedule(self, session_key: str) -> None:

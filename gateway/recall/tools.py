@@ -1,8 +1,15 @@
 """Running session_search and session_load against the ledger and the index (DESIGN §6).
 
 Results are JSON the model reads as a tool result. Every result says it is historical
-context, not instructions; recall errors are results too, never HTTP errors. The scope is the
-caller's own session (the session key carries the tenant), hidden events by default.
+context, not instructions; recall errors are results too, never HTTP errors.
+
+Scope: the request's own path. A session can hold several conversations (branches after an
+edit, or two people whose first message was the same under the fingerprint fallback); search
+only ever ranks events on the caller's path (the hidden ones by default, the whole path with
+scope "session"), and load refuses any event off it. So one conversation never reads another's.
+
+The best hits carry a `passage`: the part of the event around the match, long enough to answer
+from, within `passage_tokens` for the whole result, so most facts need no load round trip.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import orjson
 from gateway.jobs.indexer import Indexer, event_text
 from policies.messages import call_arguments
 from store import offload
+from store.chunking import query_terms, snippet
 from store.ledger import Event, Ledger
 
 log = logging.getLogger("palimpsest.recall")
@@ -27,6 +35,23 @@ HISTORICAL_NOTE = (
 )
 MAX_LOAD_CHARS = 20_000
 NEIGHBOUR_CHARS = 400
+CHARS_PER_TOKEN = 4  # budgets are in tokens; passages are cut in characters
+# Share of the passage budget each of the best hits gets, best first.
+PASSAGE_SHARES = (0.5, 0.25, 0.25)
+
+
+def passage(text: str, query: str, hit_snippet: str, width: int) -> str:
+    """About `width` characters of `text` around what matched: the query's words where they
+    occur, else (a hit found by meaning alone) the place of the best chunk's snippet."""
+    if len(text) <= width:
+        return text
+    if not any(re.search(rf"\b{re.escape(t)}", text, re.I) for t in query_terms(query)):
+        words = hit_snippet.strip("… ").split()[1:9]
+        found = re.search(r"\s+".join(map(re.escape, words)), text) if words else None
+        if found:
+            start = max(0, found.start() - width // 3)
+            return ("…" if start else "") + " ".join(text[start:start + width].split()) + "…"
+    return snippet(text, query, width)
 
 
 def _iso(ts: float) -> str:
@@ -34,11 +59,14 @@ def _iso(ts: float) -> str:
 
 
 class RecallTools:
-    def __init__(self, ledger: Ledger, indexer: Indexer, metrics, default_limit: int = 5) -> None:
+    def __init__(self, ledger: Ledger, indexer: Indexer, metrics, default_limit: int = 5, *,
+                 passage_tokens: int = 600, auto_tokens: int = 0) -> None:
         self.ledger = ledger
         self.indexer = indexer
         self.metrics = metrics
         self.default_limit = default_limit
+        self.passage_tokens = passage_tokens
+        self.auto_tokens = auto_tokens  # proactive recall budget (gateway/recall/auto.py); 0 = off
 
     async def run(self, call: dict, *, kind: str, session_key: str, path_ids: list[str], hidden: frozenset[str],
                   matches: dict[str, str] | None = None) -> str:
@@ -54,7 +82,7 @@ class RecallTools:
             if kind == "search":
                 result = await self._search(args, session_key, path_ids, hidden)
                 for hit in result.get("results", ()):
-                    matches.setdefault(hit["event_id"], hit["snippet"])
+                    matches.setdefault(hit["event_id"], hit.get("snippet") or hit.get("passage", ""))
             else:
                 result = await offload(self.ledger, self._load, args, session_key, path_ids, matches)
             outcome = "error" if "error" in result else "ok"
@@ -72,26 +100,54 @@ class RecallTools:
         limit = args.get("limit", self.default_limit)
         limit = max(1, min(20, limit if isinstance(limit, int) else self.default_limit))
         scope = args.get("scope", "hidden")
-        await self.indexer.catch_up(session_key)
-        exclude = frozenset() if scope == "session" else frozenset(i for i in path_ids if i not in hidden)
-        index = await self.indexer.opened()
-        hits = await index.search(session_key, query, limit=limit, exclude_event_ids=exclude)
-        self.metrics.recall_hits.observe(len(hits))
+        results = await self.find(session_key, query, self.path_scope(path_ids, hidden, scope), limit,
+                                  self.passage_tokens)
+        self.metrics.recall_hits.observe(len(results))
         return {
-            "results": [
-                {"event_id": h.event_id, "role": h.role, "created": _iso(h.created), "score": round(h.score, 4), "snippet": h.snippet}
-                for h in hits
-            ],
-            "note": HISTORICAL_NOTE + " Call session_load with an event_id for the full text.",
+            "results": results,
+            "note": HISTORICAL_NOTE + " A passage is the part of the event that matched; call "
+            "session_load with an event_id for the full text.",
         }
+
+    @staticmethod
+    def path_scope(path_ids: list[str], hidden: frozenset[str], scope: str = "hidden") -> frozenset[str]:
+        """The events a search may return: the hidden part of the request's path, or all of it."""
+        if scope == "session":
+            return frozenset(path_ids)
+        return frozenset(i for i in path_ids if i in hidden)
+
+    async def find(self, session_key: str, query: str, within: frozenset[str], limit: int,
+                   passage_tokens: int) -> list[dict]:
+        """Ranked hits among `within` as result dicts; the best ones carry a passage."""
+        if not within:
+            return []
+        await self.indexer.catch_up(session_key)
+        index = await self.indexer.opened()
+        hits = await index.search(session_key, query, limit=limit, within=within)
+        results = [{"event_id": h.event_id, "role": h.role, "created": _iso(h.created),
+                    "score": round(h.score, 4), "snippet": h.snippet} for h in hits]
+        budget = passage_tokens * CHARS_PER_TOKEN
+        best = [h.event_id for h in hits[: len(PASSAGE_SHARES)]]
+        events = {e.id: e for e in await offload(self.ledger, self.ledger.get_many, session_key, best)}
+        for result, share in zip(results, PASSAGE_SHARES):
+            event = events.get(result["event_id"])
+            width = int(budget * share)
+            if event is None or width < 200:
+                continue
+            text = event_text(event)
+            result["passage"] = passage(text, query, result.pop("snippet"), width)
+            if len(text) > width:
+                result["total_chars"] = len(text)
+        return results
 
     def _load(self, args: dict, session_key: str, path_ids: list[str], matches: dict[str, str]) -> dict:
         eid = args.get("event_id")
         if not isinstance(eid, str):
             return {"error": "'event_id' must be a string", "note": HISTORICAL_NOTE}
-        event = self.ledger.get(session_key, eid)
+        event = self.ledger.get(session_key, eid) if eid in path_ids else None
         if event is None or event.kind != "message":
-            return {"error": f"no event {eid!r} in this session", "note": HISTORICAL_NOTE}
+            # Off the request's path is as good as absent: never say whether it exists.
+            return {"error": f"no event {eid!r} in this conversation", "note": HISTORICAL_NOTE}
 
         def num(name: str, default: int, low: int, high: int) -> int:
             value = args.get(name, default)
@@ -137,19 +193,7 @@ class RecallTools:
                 break
             earlier.append(parent)
             current = parent
-        later: list[Event] = []
-        if event.id in path_ids:
-            # Follow the request's own branch forward.
-            pos = path_ids.index(event.id)
-            later = self.ledger.get_many(session_key, path_ids[pos + 1 : pos + 1 + after])
-        else:
-            current = event
-            while len(later) < after:
-                children = self.ledger.children(session_key, current.id)
-                if not children:
-                    break
-                current = self.ledger.get(session_key, children[0])
-                if current is None:
-                    break
-                later.append(current)
+        # The event is on the request's path (load checked): follow the path forward.
+        pos = path_ids.index(event.id)
+        later = self.ledger.get_many(session_key, path_ids[pos + 1 : pos + 1 + after])
         return [brief(e) for e in reversed(earlier)], [brief(e) for e in later]

@@ -35,7 +35,7 @@ def tool_names(body):
 
 async def test_fact_hidden_by_summary_comes_back_non_streaming(gateway, upstream):
     s, history = await long_history(gateway)
-    fact = s.facts[0]  # planted in round 2, long summarised away
+    fact = s.facts[1]  # planted in a tool output of round 4, long compacted away
     n_before = len(upstream.chat_requests())
     r = await client(gateway).chat.completions.with_raw_response.create(
         model="fake-32k", messages=history + [{"role": "user", "content": f"RECALL: {fact.question}"}], tools=TOOL_SPECS
@@ -43,13 +43,16 @@ async def test_fact_hidden_by_summary_comes_back_non_streaming(gateway, upstream
     answer = r.parse().choices[0].message
     assert fact.answer in answer.content
     assert not answer.tool_calls  # the client never sees a recall call
-    assert r.headers["x-palimpsest-recall-calls"] == "2"
+    assert r.headers["x-palimpsest-recall-calls"] == "1"
     turn = [q["json"] for q in upstream.chat_requests()[n_before:] if not q["headers"].get("x-palimpsest-purpose")]
-    assert len(turn) == 3  # search, load, answer
+    assert len(turn) == 2  # search, answer: the top hit's passage was enough, no load round trip
     assert RECALL_NAMES <= tool_names(turn[0])
-    # The recall results the model read say they are historical data.
-    tool_results = [m for m in turn[-1]["messages"] if m["role"] == "tool" and "historical" in m.get("content", "").lower()]
-    assert len(tool_results) == 2
+    # The search result the model read carries the matching passage and says it is historical data.
+    result = orjson.loads(next(m["content"] for m in turn[-1]["messages"] if m["role"] == "tool" and "historical" in m.get("content", "").lower()))
+    assert fact.statement in result["results"][0]["passage"]
+    # Passages share passage_tokens (~4 chars each); the other hits keep a short snippet.
+    assert sum(len(h.get("passage", "")) for h in result["results"]) <= 4 * 600
+    assert all(len(h.get("snippet", "")) <= 310 for h in result["results"])
     # The fact is not in what the model saw before recalling it.
     assert fact.answer not in json.dumps([m for m in turn[0]["messages"] if m["role"] != "system"])
     # Recall calls are side events: the path is unchanged, the next resend still matches.
@@ -57,8 +60,24 @@ async def test_fact_hidden_by_summary_comes_back_non_streaming(gateway, upstream
     key = ledger.sessions()[0].key
     events = ledger.since(key, -1)
     sides = [e for e in events if e.kind == "side"]
-    assert len(sides) == 4  # search call+result, load call+result
+    assert len(sides) == 2  # search call + result
     assert all(e.role in ("assistant", "tool") for e in sides)
+
+
+async def test_without_passages_the_model_loads_the_top_hit(start_gateway, upstream):
+    gw = await start_gateway(recall={"passage_tokens": 0})
+    s, history = await long_history(gw, session="no-passages")
+    fact = s.facts[1]
+    n_before = len(upstream.chat_requests())
+    r = await client(gw, "no-passages").chat.completions.with_raw_response.create(
+        model="fake-32k", messages=history + [{"role": "user", "content": f"RECALL: {fact.question}"}], tools=TOOL_SPECS
+    )
+    assert fact.answer in r.parse().choices[0].message.content
+    assert r.headers["x-palimpsest-recall-calls"] == "2"
+    turn = [q["json"] for q in upstream.chat_requests()[n_before:] if not q["headers"].get("x-palimpsest-purpose")]
+    assert len(turn) == 3  # search, load, answer
+    search = orjson.loads(turn[-1]["messages"][-3]["content"])  # search result, load call, load result
+    assert all("passage" not in hit for hit in search["results"])
 
 
 async def test_fact_comes_back_streaming_with_one_coherent_stream(gateway, upstream):
@@ -81,7 +100,7 @@ async def test_fact_comes_back_streaming_with_one_coherent_stream(gateway, upstr
     assert tool_deltas == 0 and finish == "stop"
     assert len(ids) == 1
     # Usage adds up every upstream call of the turn.
-    turn = [q for q in upstream.chat_requests() if not q["headers"].get("x-palimpsest-purpose")][-3:]
+    turn = [q for q in upstream.chat_requests() if not q["headers"].get("x-palimpsest-purpose")][-2:]
     assert usage is not None and usage.prompt_tokens > 2 * 1000
     assert all(q["json"]["stream"] for q in turn)
 
@@ -195,7 +214,8 @@ async def test_reindex_reproduces_the_index(start_gateway, upstream, tmp_path):
     ledger = gw.app[LEDGER]
     key = ledger.sessions()[0].key
     call = {"id": "q", "type": "function", "function": {"name": "session_search", "arguments": json.dumps({"query": s.facts[0].question, "scope": "session"})}}
-    before = orjson.loads(await gw.app[PIPELINE].recall.tools.run(call, kind="search", session_key=key, path_ids=[], hidden=frozenset()))
+    path = [e.id for e in ledger.since(key, -1) if e.kind == "message"]  # one linear conversation
+    before = orjson.loads(await gw.app[PIPELINE].recall.tools.run(call, kind="search", session_key=key, path_ids=path, hidden=frozenset()))
     rows_before = await (await gw.app[INDEXER].opened()).chunk_keys(key)
     assert len(rows_before) > len(history) // 2
     settings = gw.settings
@@ -206,7 +226,7 @@ async def test_reindex_reproduces_the_index(start_gateway, upstream, tmp_path):
     assert out.returncode == 0, out.stderr
     assert "reindexed 1 sessions" in out.stdout
     gw2 = await start_gateway()
-    after = orjson.loads(await gw2.app[PIPELINE].recall.tools.run(call, kind="search", session_key=key, path_ids=[], hidden=frozenset()))
+    after = orjson.loads(await gw2.app[PIPELINE].recall.tools.run(call, kind="search", session_key=key, path_ids=path, hidden=frozenset()))
     assert await (await gw2.app[INDEXER].opened()).chunk_keys(key) == rows_before
     # Same rows; BM25 statistics of a freshly built index differ slightly from an
     # incrementally grown one, so only the best hit must agree.
@@ -228,6 +248,6 @@ async def test_recall_rounds_never_push_a_request_over_the_window(start_gateway,
     )
     assert r.choices[0].message.content.startswith("ANSWER")
     turn = [q["json"] for q in upstream.chat_requests()[n_before:] if not q["headers"].get("x-palimpsest-purpose")]
-    assert len(turn) == 3
+    assert len(turn) == 2  # search, then the answer from the top hit's passage
     for body in turn:
         assert count_prompt(body) + 200 <= 8_000

@@ -1,0 +1,263 @@
+"""Recall ranking: hit@1 / hit@5 of the search index alone, on a tuning and a held-out split.
+
+    .venv/bin/python bench/ranking.py                    # default ranking, ~2 minutes on 2 CPUs
+    .venv/bin/python bench/ranking.py --quick            # a third of the cases
+    .venv/bin/python bench/ranking.py --variants all     # every candidate side by side (slower)
+    .venv/bin/python bench/ranking.py --variants base,neighbour --json out.json
+
+No gateway and no upstream: each session is indexed straight into `store.index.SearchIndex`
+(WordLlama, in a temporary directory) and searched with the question, whole session in scope.
+
+Workloads (each query belongs to one split, fixed by a hash, so tuning never sees held-out):
+- `lme`: LongMemEval-S (the non-abstention cases in ../shared/data/longmemeval), one session
+  per case (~500 turns, each turn's parent the turn before), query = the question, a hit = a
+  turn marked has_answer. Split by sha256(question_id).
+- `agent`: synthetic agent sessions (simulator.workloads, `--seeds`, 60 rounds: user turn,
+  assistant tool call, tool output); each planted fact asked as its question and its
+  paraphrase; a hit = an event holding the fact. Split by sha256(fact statement): a fact's
+  two phrasings are in the same split. The six facts repeat across seeds with other filler.
+- `planted`: ten personal facts planted into LongMemEval haystacks as user turns, asked by
+  keyword and by paraphrase (bench/search_latency.py's PLANTED). Split by sha256(fact).
+
+Variants (`--variants`, comma-separated or `all`): named bundles of the candidates of issue 10
+(chunk size and overlap, fusion weights, vector floor, neighbour borrowing, query cleaning).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import hashlib
+import json
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from common import load_cases  # noqa: E402
+from search_latency import PLANTED  # noqa: E402
+from simulator.workloads import synthetic_session  # noqa: E402
+from store.embedders import WordLlamaEmbedder  # noqa: E402
+from store.index import IndexedEvent, Ranking, SearchIndex  # noqa: E402
+
+SPLITS = ("tune", "held-out")
+BASE = Ranking()
+
+# name -> (chunk_chars, overlap_chars, Ranking)
+VARIANTS: dict[str, tuple[int, int, Ranking]] = {
+    "base": (1200, 200, BASE),
+    "old": (1200, 200, Ranking(vector_floor=0.3, neighbour=0.0, clean_vector_query=False)),
+    "floor0.2": (1200, 200, dataclasses.replace(BASE, vector_floor=0.2)),
+    "floor0.4": (1200, 200, dataclasses.replace(BASE, vector_floor=0.4)),
+    "text1.5": (1200, 200, dataclasses.replace(BASE, text_weight=1.5)),
+    "vector1.5": (1200, 200, dataclasses.replace(BASE, vector_weight=1.5)),
+    "neighbour0.15": (1200, 200, dataclasses.replace(BASE, neighbour=0.15)),
+    "neighbour0.3": (1200, 200, dataclasses.replace(BASE, neighbour=0.3)),
+    "neighbour0.5": (1200, 200, dataclasses.replace(BASE, neighbour=0.5)),
+    "cleanq": (1200, 200, dataclasses.replace(BASE, clean_vector_query=True)),
+    "noclean": (1200, 200, dataclasses.replace(BASE, clean_vector_query=False)),
+    "chunk600": (600, 150, BASE),
+    "chunk2000": (2000, 300, BASE),
+    "vector2": (1200, 200, dataclasses.replace(BASE, vector_weight=2.0)),
+    "vector1.5+nb": (1200, 200, dataclasses.replace(BASE, vector_weight=1.5, neighbour=0.15)),
+    "vector1.5+f.4": (1200, 200, dataclasses.replace(BASE, vector_weight=1.5, vector_floor=0.4)),
+    "vector1.5+cq": (1200, 200, dataclasses.replace(BASE, vector_weight=1.5, clean_vector_query=True)),
+    "chunk400": (400, 100, BASE),
+}
+
+
+@dataclass
+class Query:
+    workload: str
+    split: str
+    text: str
+    evidence: frozenset[str]
+    label: str
+
+
+@dataclass
+class Session:
+    key: str
+    events: list[IndexedEvent]
+    queries: list[Query]
+
+
+def split_of(label: str) -> str:
+    return SPLITS[hashlib.sha256(label.encode()).digest()[0] % 2]
+
+
+def chain(turns: list[tuple[str, str]], prefix: str) -> list[IndexedEvent]:
+    events, parent = [], ""
+    for seq, (role, text) in enumerate(turns):
+        event_id = f"{prefix}{seq}"
+        events.append(IndexedEvent(event_id, seq, role, 1_700_000_000.0 + 60 * seq, text, parent))
+        parent = event_id
+    return events
+
+
+def lme_sessions(limit: int | None) -> list[Session]:
+    out = []
+    for case in load_cases(limit):
+        turns = [(t["role"], t["content"]) for s in case["haystack_sessions"] for t in s]
+        flags = [bool(t.get("has_answer")) for s in case["haystack_sessions"] for t in s]
+        events = chain(turns, "e")
+        evidence = frozenset(e.event_id for e, f in zip(events, flags) if f)
+        qid = case["question_id"]
+        out.append(Session(f"lme-{qid}", events, [
+            Query("lme", split_of(qid), case["question"], evidence, qid)]))
+    return out
+
+
+def agent_sessions(seeds: list[int]) -> list[Session]:
+    out = []
+    for seed in seeds:
+        session = synthetic_session(seed, rounds=60)
+        turns: list[tuple[str, str]] = []
+        for r in session.rounds:
+            turns.append(("user", r["user"]))
+            turns.append(("assistant", f"[called {r['tool']}({json.dumps(r['args'])})]"))
+            turns.append(("tool", r["output"]))
+        events = chain(turns, "a")
+        queries = []
+        for fact in session.facts:
+            evidence = frozenset(e.event_id for e in events if fact.statement in e.text)
+            split = split_of(fact.statement)
+            queries.append(Query("agent", split, fact.question, evidence, fact.answer + "/q"))
+            queries.append(Query("agent", split, fact.paraphrase, evidence, fact.answer + "/p"))
+        out.append(Session(f"agent-{seed}", events, queries))
+    return out
+
+
+def planted_sessions(cases: int) -> list[Session]:
+    out = []
+    for case in load_cases(cases):
+        turns = [(t["role"], t["content"]) for s in case["haystack_sessions"] for t in s]
+        step = len(turns) // (len(PLANTED) + 1)
+        queries = []
+        for n, (fact, keyword, paraphrase) in enumerate(PLANTED):
+            turns[step * (n + 1)] = ("user", fact)
+        events = chain(turns, "p")
+        for n, (fact, keyword, paraphrase) in enumerate(PLANTED):
+            evidence = frozenset({events[step * (n + 1)].event_id})
+            split = split_of(fact)
+            queries.append(Query("planted", split, keyword, evidence, fact[:20] + "/k"))
+            queries.append(Query("planted", split, paraphrase, evidence, fact[:20] + "/p"))
+        out.append(Session(f"planted-{case['question_id']}", events, queries))
+    return out
+
+
+async def evaluate(sessions: list[Session], variants: list[str], embedder) -> dict:
+    """{variant: {(workload, split): [rank or None, ...]}} plus build and search times."""
+    ranks: dict[str, dict[tuple[str, str], list[int | None]]] = {v: {} for v in variants}
+    times: dict[str, list[float]] = {"build_s": [], "search_ms": []}
+    misses: dict[str, list[str]] = {}
+    by_chunking: dict[tuple[int, int], list[str]] = {}
+    for name in variants:
+        chunk, overlap, _ = VARIANTS[name]
+        by_chunking.setdefault((chunk, overlap), []).append(name)
+    for (chunk, overlap), names in by_chunking.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            index = SearchIndex(str(Path(tmp) / "index"), embedder, chunk, overlap)
+            try:
+                for session in sessions:
+                    started = time.perf_counter()
+                    await index.add(session.key, session.events)
+                    times["build_s"].append(time.perf_counter() - started)
+                    for query in session.queries:
+                        for name in names:
+                            started = time.perf_counter()
+                            hits = await index.search(session.key, query.text, limit=5,
+                                                      ranking=VARIANTS[name][2])
+                            times["search_ms"].append((time.perf_counter() - started) * 1e3)
+                            rank = next((i + 1 for i, h in enumerate(hits)
+                                         if h.event_id in query.evidence), None)
+                            ranks[name].setdefault((query.workload, query.split), []).append(rank)
+                            if rank != 1:
+                                misses.setdefault(name, []).append(
+                                    f"{query.workload}/{query.split} {query.label} rank={rank}: {query.text[:70]}")
+            finally:
+                index.close()
+    return {"ranks": ranks, "times": times, "misses": misses}
+
+
+def summarise(ranks: dict[tuple[str, str], list[int | None]]) -> dict[str, dict]:
+    out = {}
+    for (workload, split), values in sorted(ranks.items()):
+        n = len(values)
+        out[f"{workload}/{split}"] = {
+            "n": n,
+            "hit1": sum(1 for r in values if r == 1) / n,
+            "hit5": sum(1 for r in values if r is not None) / n,
+        }
+    return out
+
+
+def render(result: dict) -> str:
+    columns = sorted({c for s in result["summary"].values() for c in s})
+    head = f"{'variant':<14}" + "".join(f"{c:>22}" for c in columns)
+    lines = ["hit@1 / hit@5 (n) of the search index, whole session in scope", head, "-" * len(head)]
+    for variant, summary in result["summary"].items():
+        cells = []
+        for c in columns:
+            s = summary.get(c)
+            cells.append(f"{s['hit1']:.3f} / {s['hit5']:.3f} ({s['n']:>3})" if s else "-")
+        lines.append(f"{variant:<14}" + "".join(f"{cell:>22}" for cell in cells))
+    t = result["times"]
+    lines.append(f"index build per session p50 {t['build_s_p50']:.2f} s; search p50 "
+                 f"{t['search_ms_p50']:.1f} ms (queries x variants, cold tables included)")
+    return "\n".join(lines)
+
+
+async def run(args) -> dict:
+    embedder = WordLlamaEmbedder()
+    sessions: list[Session] = []
+    if "lme" in args.workloads:
+        sessions += lme_sessions(args.cases)
+    if "agent" in args.workloads:
+        sessions += agent_sessions(args.seed_list)
+    if "planted" in args.workloads:
+        sessions += planted_sessions(args.planted_cases)
+    variants = list(VARIANTS) if args.variants == "all" else args.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+    evaluated = await evaluate(sessions, variants, embedder)
+    times = evaluated["times"]
+
+    def p50(values):
+        return sorted(values)[len(values) // 2] if values else float("nan")
+
+    if args.misses:
+        for variant, lines in evaluated["misses"].items():
+            print(f"misses of {variant}:", *lines, sep="\n  ", file=sys.stderr)
+    return {"summary": {v: summarise(r) for v, r in evaluated["ranks"].items()},
+            "times": {"build_s_p50": p50(times["build_s"]), "search_ms_p50": p50(times["search_ms"])}}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a third of the cases and seeds")
+    parser.add_argument("--variants", default="base", help="comma-separated names, or 'all'")
+    parser.add_argument("--workloads", default="lme,agent,planted")
+    parser.add_argument("--cases", type=int, default=None, help="LongMemEval cases (default all)")
+    parser.add_argument("--seeds", default=None, help="agent session seeds (default 1,2,3,4)")
+    parser.add_argument("--planted-cases", type=int, default=None, help="haystacks for planted facts (default 4)")
+    parser.add_argument("--misses", action="store_true", help="list every query not ranked first (stderr)")
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    args.cases = args.cases or (20 if args.quick else None)
+    args.seed_list = [int(s) for s in (args.seeds or ("1" if args.quick else "1,2,3,4")).split(",")]
+    args.planted_cases = args.planted_cases or (1 if args.quick else 4)
+    result = asyncio.run(run(args))
+    print(render(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
