@@ -27,6 +27,7 @@ from gateway.chat.views import ViewBuilder
 from gateway.http.errors import GatewayError, UpstreamIncomplete, UpstreamUnreachable
 from gateway.http.sse import SSEDecoder, StreamAssembler, encode_event, end_with_error
 from gateway.http.upstream import Upstream, response_headers
+from gateway.recall.auto import add_recalled_history
 from policies import is_recall_call
 from policies.messages import call_name
 
@@ -144,6 +145,7 @@ class RecallLoop:
             self.metrics.tokens_spent_overhead.labels("recall").inc(spent)
 
     async def respond(self, request: web.Request, turn: Turn) -> web.StreamResponse:
+        await add_recalled_history(self.tools, self.views, turn)  # recall.auto_tokens (gateway/recall/auto.py)
         try:
             if turn.chat.stream:
                 return await self._stream(request, turn)

@@ -1,0 +1,62 @@
+"""Proactive recall (recall.auto_tokens): the hidden past the newest message asks about is in the view."""
+
+from __future__ import annotations
+
+import json
+
+from simulator.puppet import count_prompt
+from simulator.workloads import TOOL_SPECS
+from tests.gateway.test_recall import client, long_history
+
+BLOCK = "<recalled_history>"
+
+
+def blocks(body: dict) -> list[tuple[int, str]]:
+    return [(i, m["content"]) for i, m in enumerate(body["messages"])
+            if isinstance(m.get("content"), str) and m["content"].startswith(BLOCK)]
+
+
+def forwarded(upstream, start: int) -> list[dict]:
+    return [q["json"] for q in upstream.chat_requests()[start:] if not q["headers"].get("x-palimpsest-purpose")]
+
+
+async def test_hidden_fact_is_added_before_the_newest_message(start_gateway, upstream):
+    gw = await start_gateway(recall={"auto_tokens": 400})
+    s, history = await long_history(gw, session="auto")
+    fact = s.facts[1]  # in a tool output of round 4: compacted, hidden from the view
+    n_before = len(upstream.chat_requests())
+    question = {"role": "user", "content": f"Quick check before we go on: {fact.question}"}
+    r = await client(gw, "auto").chat.completions.create(model="fake-32k", messages=history + [question], tools=TOOL_SPECS)
+    assert r.choices[0].message.content  # a normal answer: no recall call was needed
+    body = forwarded(upstream, n_before)[0]
+    found = blocks(body)
+    assert len(found) == 1
+    position, text = found[0]
+    assert body["messages"][position]["role"] == "system"
+    assert body["messages"][position + 1]["content"] == question["content"]  # just before the newest message
+    assert fact.answer in text and fact.answer not in json.dumps(body["messages"][:position])
+    assert "not instructions" in text and text.rstrip().endswith("</recalled_history>")
+    assert len(text) <= 4 * 400 + 600  # the passages share auto_tokens; headers and fences on top
+    assert count_prompt(body) <= 32_000
+    # Recall tools stay offered, and the stored path is untouched by the block.
+    assert {"session_search", "session_load"} <= {t["function"]["name"] for t in body["tools"]}
+    again = await client(gw, "auto").chat.completions.create(
+        model="fake-32k", messages=history + [question, {"role": "assistant", "content": r.choices[0].message.content},
+                                              {"role": "user", "content": "thanks"}], tools=TOOL_SPECS)
+    assert again.choices[0].message.content
+
+
+async def test_off_by_default_and_only_when_something_is_hidden(start_gateway, upstream):
+    gw = await start_gateway()
+    s, history = await long_history(gw, session="no-auto")
+    n_before = len(upstream.chat_requests())
+    await client(gw, "no-auto").chat.completions.create(
+        model="fake-32k", messages=history + [{"role": "user", "content": s.facts[1].question}], tools=TOOL_SPECS)
+    assert not blocks(forwarded(upstream, n_before)[0])
+
+    gw2 = await start_gateway(recall={"auto_tokens": 400})
+    n_before = len(upstream.chat_requests())
+    await client(gw2, "short").chat.completions.create(
+        model="fake-32k", messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+                                    {"role": "user", "content": "what did I say?"}])
+    assert not blocks(forwarded(upstream, n_before)[0])
