@@ -71,3 +71,22 @@ async def test_second_user_with_same_opening_cannot_recall_the_first_users_secre
     found = orjson.loads(await tools.run(search, kind="search", session_key=key, path_ids=bob_path, hidden=frozenset()))
     assert secret_id not in {h["event_id"] for h in found["results"]}
     assert "4417" not in json.dumps(found)
+
+
+async def test_configured_embeddings_endpoint_is_used_end_to_end(start_gateway, upstream):
+    """recall.embeddings_url points at the simulated upstream's /v1/embeddings: the index and
+    every search embed through it (its vectors are hash-seeded, so BM25 finds the fact)."""
+    gw = await start_gateway(session={"fallback": "fingerprint"}, recall={
+        "embeddings_url": upstream.base_url, "embeddings_model": "fake-embed", "embeddings_dim": 64})
+    history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+               {"role": "user", "content": "The gate code for the warehouse is 7719-KESTREL."},
+               {"role": "assistant", "content": "Noted."}] + filler(3, 6)
+    r = await headerless(gw).chat.completions.create(
+        model="fake-8k", messages=history + [{"role": "user", "content": "RECALL: What is the warehouse gate code?"}],
+        max_tokens=100)
+    assert "7719-KESTREL" in r.choices[0].message.content
+    calls = [q for q in upstream.received if q["path"].endswith("/embeddings")]
+    assert calls and all(q["json"]["model"] == "fake-embed" for q in calls)
+    embedded = [text for q in calls for text in q["json"]["input"]]
+    assert any("7719-KESTREL" in t for t in embedded)  # the index was built with it
+    assert "What is the warehouse gate code?" in embedded  # and the query embedded with it
