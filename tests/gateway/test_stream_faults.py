@@ -182,7 +182,8 @@ async def test_recall_is_offered_and_resolved_without_faults(gw, relay):
     assert not isinstance(result, Exception), result
     calls = relay[0].chat_calls
     assert recall_tool_names(calls[0]) == {"session_search", "session_load"}
-    assert len(calls) == 3 and "DEP-4711" in content and finishes == ["stop"]
+    assert len(calls) >= 2 and "DEP-4711" in content and finishes == ["stop"]
+    assert all(recall_tool_names(c) for c in calls[:-1])  # every round but the answer offered recall
     assert any("DEP-4711" in str(m.get("content")) for m in answers_in_ledger(gw))
 
 
@@ -309,7 +310,9 @@ async def test_lost_recall_audit_trail_is_logged_and_counted(gw, relay, monkeypa
     result, _, content, _ = await run(gw, "audit", stream=True)
     assert not isinstance(result, Exception), result
     assert "DEP-4711" in content  # the recall still answered
-    assert metric(gw, "palimpsest_store_write_errors_total", what="recall_side_events") == 2  # search and load
+    rounds = len(relay[0].chat_calls) - 1  # every upstream call but the answer was a recall round
+    assert rounds >= 1
+    assert metric(gw, "palimpsest_store_write_errors_total", what="recall_side_events") == rounds
     records = [r for r in caplog.records if r.getMessage() == "recording recall calls failed"]
-    assert len(records) == 2 and records[0].fields["error"] == "OSError"
+    assert len(records) == rounds and records[0].fields["error"] == "OSError"
     assert not any("DEP-4711" in r.getMessage() or "DEP-4711" in str(getattr(r, "fields", "")) for r in caplog.records)
