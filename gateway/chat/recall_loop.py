@@ -206,10 +206,10 @@ class RecallLoop:
         headers.update(turn.headers)
         headers["x-palimpsest-recall-calls"] = str(turn.recall_calls)
         response = web.Response(status=status, reason=reason, body=payload, headers=headers)
+        if record:
+            await self.recorder.answer(turn)  # durable before the client has it (issue 9 item 6)
         await response.prepare(request)
         await response.write_eof()
-        if record:
-            await self.recorder.answer(turn)
         return response
 
     # -- streaming ---------------------------------------------------------------------------
@@ -262,6 +262,12 @@ class RecallLoop:
                 continue
             if finish == "tool_calls" and not relay.client_calls:
                 finish = "stop"
+            answer: dict[str, Any] = {"role": "assistant", "content": "".join(relay.content_parts) or None}
+            if relay.client_calls:
+                answer["tool_calls"] = [relay.client_calls[i] for i in sorted(relay.client_calls)]
+            turn.answer = answer
+            turn.usage = usage_total
+            await self.recorder.answer(turn)  # durable before the client sees the end of the answer (issue 9 item 6)
             first = relay.first
             tail = bytearray(encode_event({**first, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}]}))
             if want_usage and usage_total is not None:
@@ -269,12 +275,6 @@ class RecallLoop:
             tail += encode_event("[DONE]")
             await relay.response.write(bytes(tail))
             await relay.response.write_eof()
-            answer: dict[str, Any] = {"role": "assistant", "content": "".join(relay.content_parts) or None}
-            if relay.client_calls:
-                answer["tool_calls"] = [relay.client_calls[i] for i in sorted(relay.client_calls)]
-            turn.answer = answer
-            turn.usage = usage_total
-            await self.recorder.answer(turn)
             return relay.response
 
     async def _relay_round(self, reader, turn: Turn, relay: "_Relay", names) -> tuple[StreamAssembler, str | None, dict | None]:

@@ -223,3 +223,39 @@ async def test_answer_is_durable_when_the_client_has_it(gateway, tmp_path):
     db.close()
     assert rows == [("user",), ("assistant",)]
     assert r.choices[0].message.content == "ok: q"
+
+
+async def test_answer_is_committed_before_the_response_is_sent_or_ended(gateway, monkeypatch):
+    """The order of events, JSON and streamed: the answer's append precedes the first byte of a
+    JSON response and the end of a streamed one."""
+    from aiohttp import web
+
+    order: list[str] = []
+    ledger = gateway.app[LEDGER]
+    real_append, real_prepare, real_eof = ledger.append, web.Response.prepare, web.StreamResponse.write_eof
+
+    def append(*a, **k):
+        order.append("append")
+        return real_append(*a, **k)
+
+    async def prepare(self, request):
+        if request.app is gateway.app and request.path.endswith("/chat/completions"):  # not the puppet's
+            order.append("json-prepare")
+        return await real_prepare(self, request)
+
+    async def write_eof(self, *a, **k):
+        if not isinstance(self, web.Response) and self._req is not None and self._req.app is gateway.app:
+            order.append("stream-eof")
+        return await real_eof(self, *a, **k)
+
+    monkeypatch.setattr(ledger, "append", append)
+    monkeypatch.setattr(web.Response, "prepare", prepare)
+    monkeypatch.setattr(web.StreamResponse, "write_eof", write_eof)
+    c = client(gateway, session="order")
+    await c.chat.completions.create(model="m", messages=[{"role": "user", "content": "json"}])
+    assert order[0] == "append" and "json-prepare" in order
+    order.clear()
+    stream = await c.chat.completions.create(model="m", messages=[{"role": "user", "content": "streamed"}], stream=True)
+    async for _ in stream:
+        pass
+    assert order[0] == "append" and "stream-eof" in order
