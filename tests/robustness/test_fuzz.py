@@ -351,7 +351,7 @@ def test_agent_histories(corpus):
 
 
 def test_raw_bytes(corpus):
-    @settings(FUZZ, max_examples=max(1, int(2600 * SCALE)))
+    @settings(FUZZ, max_examples=max(1, int(2400 * SCALE)))
     @given(raw_bodies(), HEADERS)
     def run(body, headers):
         corpus.post("/v1/chat/completions", body, headers)
@@ -361,7 +361,7 @@ def test_raw_bytes(corpus):
 
 
 def test_passthrough_routes(corpus):
-    @settings(FUZZ, max_examples=max(1, int(800 * SCALE)))
+    @settings(FUZZ, max_examples=max(1, int(700 * SCALE)))
     @given(st.sampled_from(["/v1/models", "/v1/models/fake-32k", "/v1/embeddings", "/v1/echo", "/v1/echo/stream",
                             "/v1/echo/gzip", "/v1/responses", "/v1/files/x%00y", "/v1/../etc/passwd"]),
            st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH"]),
@@ -371,6 +371,47 @@ def test_passthrough_routes(corpus):
 
     run()
     corpus.assert_clean("passthrough")
+
+
+def _long_history(rounds: int = 30) -> list[dict]:
+    """A valid agent session well over fake-8k's window: the gateway must compact it, offer its
+    recall tools and (for RECALL: questions) run the recall loop."""
+    messages: list[dict] = [{"role": "system", "content": "You are an agent."}]
+    for r in range(rounds):
+        messages.append({"role": "user", "content": f"Step {r}: read module {r}. [[call read_file {{}}]]"})
+        messages.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"call_r{r}", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}]})
+        messages.append({"role": "tool", "tool_call_id": f"call_r{r}",
+                         "content": f"module {r}: " + " ".join(f"value_{r}_{k}=DEP-{r}{k:03d}" for k in range(120))})
+        messages.append({"role": "assistant", "content": f"Read module {r}."})
+    return messages
+
+
+LONG_HISTORY = _long_history()
+
+
+def test_compacted_sessions_with_hostile_tails(corpus):
+    """Junk appended to a session the gateway has to compact: projection, tailoring, summary
+    jobs and the recall loop all see hostile messages, not just the parser."""
+
+    plain = st.fixed_dictionaries({"messages": st.lists(st.fixed_dictionaries({"role": st.just("user"), "content": TEXT}), max_size=2)},
+                                  optional={"stream": st.booleans(), "n": st.integers(1, 3),
+                                            "stream_options": st.just({"include_usage": True})})
+
+    @settings(FUZZ, max_examples=max(1, int(400 * SCALE)))
+    @given(st.one_of(agent_conversations(), plain), st.sampled_from(["fz-c1", "fz-c2", "fz-c3"]),
+           st.one_of(st.none(), st.builds(lambda t: "RECALL: " + t, TEXT)))
+    def run(tail, session, recall):
+        messages = LONG_HISTORY + [m for m in tail["messages"] if m.get("role") not in ("system", "developer")]
+        if recall is not None:
+            messages.append({"role": "user", "content": recall})
+        body = {**tail, "model": "fake-8k", "messages": messages}
+        if body.get("stream_options") and not body.get("stream"):
+            body["stream"] = True
+        corpus.post("/v1/chat/completions", dumps(body), {"X-Session-Id": session})
+
+    run()
+    corpus.assert_clean("compacted")
 
 
 def test_big_bodies(corpus):
@@ -415,7 +456,7 @@ def test_nesting_that_can_be_read_but_not_written_is_a_400(corpus):
 
 # -- after the corpus --------------------------------------------------------------------------
 
-CORPUS_TESTS = {"structured", "agent", "raw", "passthrough", "big"}
+CORPUS_TESTS = {"structured", "agent", "raw", "passthrough", "compacted", "big"}
 
 
 def test_store_loop_and_count_after_the_corpus(corpus):
