@@ -323,3 +323,32 @@ async def test_plain_json_answer_to_a_stream_request_is_relayed(gw, fault_url):
             assert r.status == 200
             assert r.content_type == "application/json"
             assert (await r.json())["choices"][0]["message"]["content"] == "not streamed"
+
+
+# -- the client goes away ----------------------------------------------------------------------
+
+
+async def test_client_gone_mid_stream_cancels_the_upstream_call_and_stores_nothing(gateway, upstream):
+    """The puppet notices when the gateway drops its side of a stream; the gateway must drop it
+    as soon as the client is gone (not keep paying for tokens nobody reads), record no answer,
+    and serve the next request."""
+    import aiohttp
+
+    body = {"model": "fake-32k", "stream": True, "messages": [{"role": "user", "content": "long one [[stall 5]]"}]}
+    async with aiohttp.ClientSession() as http:
+        response = await http.post(f"{gateway.base_url}/chat/completions", json=body, headers={"X-Session-Id": "gone"})
+        assert response.status == 200
+        await response.content.readany()  # the first chunk came
+        response.close()  # the client goes away
+    started = time.monotonic()
+    while not upstream.state.disconnected and time.monotonic() - started < 4:
+        await asyncio.sleep(0.05)
+    assert upstream.state.disconnected, "the upstream stream was left running after the client left"
+    assert not any("long one" in str(m.get("content")) for m in _answers_in_ledger(gateway))
+    client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key="sk-x", max_retries=0, timeout=CLIENT_TIMEOUT_S,
+                                default_headers={"X-Session-Id": "gone"})
+    try:
+        answer = await client.chat.completions.create(model="fake-32k", messages=[{"role": "user", "content": "still there?"}])
+    finally:
+        await client.close()
+    assert answer.choices[0].message.content == "ok: still there?"
