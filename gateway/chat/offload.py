@@ -7,9 +7,9 @@ milliseconds). Above it, three steps move to a worker thread:
 
 - ``parse_and_hash``: JSON parsing and the content addresses of the history (``path_ids``);
 - ``build_view``: the whole view build (token counting, projection, compaction, tailoring). It
-  runs on a private event loop in the worker thread; the builder's asynchronous
-  collaborators (window discovery, sync summaries) are bounced back to the gateway's loop,
-  which owns their connections, locks and tasks (``OnLoop``).
+  runs on a private event loop in the worker thread; the builder's collaborators that have
+  coroutine methods (window discovery, sync summaries, ...) are bounced back to the gateway's
+  loop, which owns their connections, locks and tasks (``OnLoop``).
 
 The token counter is shared with the gateway's loop, so what the worker counts (the big
 message) is cached for the summariser and the next turn.
@@ -70,7 +70,12 @@ async def build_view(views: ViewBuilder, chat: ChatRequest, ref: SessionRef, aut
         return await views.build(chat, ref, auth)
     loop = asyncio.get_running_loop()
     worker = copy.copy(views)
-    worker.windows = OnLoop(views.windows, loop)
-    if views.summarizer is not None:
-        worker.summarizer = OnLoop(views.summarizer, loop)
+    for name, collaborator in vars(views).items():
+        if _has_coroutines(collaborator):
+            setattr(worker, name, OnLoop(collaborator, loop))
     return await asyncio.to_thread(asyncio.run, worker.build(chat, ref, auth))
+
+
+def _has_coroutines(obj) -> bool:
+    kind = type(obj)
+    return any(inspect.iscoroutinefunction(getattr(kind, name, None)) for name in dir(kind) if not name.startswith("__"))
