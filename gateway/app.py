@@ -22,7 +22,7 @@ from gateway.chat.recall_loop import RecallLoop
 from gateway.chat.turn import TurnRecorder
 from gateway.jobs.indexer import Indexer
 from gateway.recall.tools import RecallTools
-from gateway.keys import INDEXER, CHECKPOINTS, COUNTER, IDENTITY, LEDGER, METRICS, PIPELINE, SETTINGS, SUMMARIZER, UPSTREAM
+from gateway.keys import INDEXER, CHECKPOINTS, COUNTER, IDENTITY, LEDGER, METRICS, PIPELINE, SETTINGS, SUMMARIZER, TURNS, UPSTREAM
 from gateway.jobs.summarizer import Summarizer
 from gateway.http.upstream import Upstream
 from gateway.chat.views import ViewBuilder
@@ -30,6 +30,7 @@ from gateway.chat.windows import Windows
 from policies import Calibration, TokenCounter
 from store import call as store_call, close_stores, open_stores, sweep_expired
 from store.ledger import Ledger
+from store.turns import TurnLog
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -110,7 +111,10 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     app[COUNTER] = counter
     app[SUMMARIZER] = summarizer
     indexer = Indexer(ledger, lambda: open_index(settings, upstream))
-    recorder = TurnRecorder(ledger=ledger, metrics=metrics, summaries=summarizer, indexer=indexer, calibration=calibration)
+    turns = TurnLog(settings.store.path, synchronous=settings.store.sync)  # what each request was built on
+    app[TURNS] = turns
+    recorder = TurnRecorder(ledger=ledger, metrics=metrics, summaries=summarizer, indexer=indexer, calibration=calibration,
+                            turns=turns)
     recall = RecallLoop(
         upstream=upstream, session_header=settings.session.header, views=views,
         tools=RecallTools(ledger, indexer, metrics, settings.recall.search_limit,
@@ -124,7 +128,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     )
     app[PIPELINE] = pipeline
     app[INDEXER] = indexer
-    flusher = asyncio.create_task(_flush_answers(ledger), name="ledger-flush")
+    flusher = asyncio.create_task(_flush_answers(ledger, turns), name="ledger-flush")
     retention = (asyncio.create_task(_retention(settings.store.retention_days, ledger, checkpoints, indexer), name="retention")
                  if settings.store.retention_days else None)
     try:
@@ -138,6 +142,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         await indexer.close()
         await upstream.close()
         close_stores(ledger, checkpoints)
+        turns.close()
 
 
 def open_index(settings: Settings, upstream: Upstream | None):
@@ -181,9 +186,9 @@ async def _retention(days: float, ledger, checkpoints, indexer, every_s: float =
         await asyncio.sleep(every_s)
 
 
-async def _flush_answers(ledger: Ledger, every_s: float = 0.5, checkpoint_every: int = 10) -> None:
-    """Deferred answers reach the disk within `every_s` even when no request comes, and the
-    WAL is checkpointed off the event loop every few seconds."""
+async def _flush_answers(ledger: Ledger, turns: TurnLog, every_s: float = 0.5, checkpoint_every: int = 10) -> None:
+    """Deferred answers (and the turn log's rows) reach the disk within `every_s` even when no
+    request comes, and the WAL is checkpointed off the event loop every few seconds."""
     log = logging.getLogger("palimpsest.ledger")
     ticks = 0
     while True:
@@ -191,6 +196,7 @@ async def _flush_answers(ledger: Ledger, every_s: float = 0.5, checkpoint_every:
         ticks += 1
         try:
             ledger.flush()
+            turns.flush()
             if ticks % checkpoint_every == 0:
                 await asyncio.to_thread(ledger.checkpoint)
         except Exception:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from policies import TokenCounter
     from store.checkpoints import DiskCheckpoints
     from store.ledger import Ledger
+    from store.turns import TurnLog
 
 SETTINGS: web.AppKey["Settings"] = web.AppKey("settings")
 UPSTREAM: web.AppKey["Upstream"] = web.AppKey("upstream")
@@ -28,6 +29,7 @@ CHECKPOINTS: web.AppKey["DiskCheckpoints"] = web.AppKey("checkpoints")
 COUNTER: web.AppKey["TokenCounter"] = web.AppKey("counter")
 SUMMARIZER: web.AppKey["Summarizer"] = web.AppKey("summarizer")
 INDEXER: web.AppKey["Indexer"] = web.AppKey("indexer")
+TURNS: web.AppKey["TurnLog"] = web.AppKey("turns")
 
 # Per-request facts the access log reports (never message text).
 REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id", str)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from gateway.chat.request import ChatRequest
 from gateway.chat.views import View
 from gateway.http.errors import GatewayError, UpstreamTimeout
+from gateway.ops.basis import of_turn as request_basis
 from store import call as store_call
 from store.ledger import SessionRef
 
@@ -57,8 +58,9 @@ class Turn:
 class TurnRecorder:
     """Writes down what became of a turn; failures here never fail the client's request."""
 
-    def __init__(self, *, ledger, metrics, summaries, indexer, calibration) -> None:
+    def __init__(self, *, ledger, metrics, summaries, indexer, calibration, turns) -> None:
         self.ledger = ledger
+        self.turns = turns
         self.metrics = metrics
         self.summaries = summaries
         self.indexer = indexer
@@ -76,6 +78,7 @@ class TurnRecorder:
             self.metrics.store_write_errors.labels("answer").inc()
             return
         self.summaries.after_turn(turn, event)
+        self.turns.add(request_basis(turn, event))  # model, window, budget: what inspect shows (store/turns.py)
         if turn.view.messages is not None:
             self.indexer.schedule(turn.ref.key)  # sessions that hide history will search it
 

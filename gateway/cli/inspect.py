@@ -1,11 +1,14 @@
 """``palimpsest inspect``: the admin API's inspection, printed in the terminal.
 
 It opens the store next to a possibly running gateway (SQLite in WAL mode allows concurrent
-readers) and only reads it. Views are projected by the same ``Inspector`` the admin API uses;
-the context window comes from configuration or from the upstream's /v1/models, like the
-gateway's. Token calibration is learned by a running gateway and not stored, so estimates here
-are uncalibrated (factor 1). A running gateway may hold a session's newest answer in memory
-until its next commit (the ledger defers answers); the admin API sees it, this may not yet.
+readers) and only reads it. Views are projected by the same ``Inspector`` the admin API uses.
+The model, window and budget of each request are the ones the gateway recorded in its turn log
+when it answered (``store.turns``), so this shows what the live gateway used without calling
+the upstream; only a session answered before the turn log existed falls back to configuration
+and the table of well-known models. Token calibration is learned by a running gateway and not
+stored, so estimates here are uncalibrated (factor 1). A running gateway may hold a session's
+newest answer and turn rows in memory for up to half a second (deferred writes); the admin API
+sees them, this may not yet.
 """
 
 from __future__ import annotations
@@ -18,15 +21,13 @@ import sys
 import time
 from pathlib import Path
 
-from gateway.http.errors import GatewayError
-from gateway.ops.inspection import Inspector
-from gateway.settings import Settings
-from gateway.http.upstream import Upstream
 from gateway.chat.views import ViewBuilder
-from gateway.chat.windows import Windows
+from gateway.http.errors import GatewayError
+from gateway.ops.inspection import ConfiguredWindows, Inspector
+from gateway.settings import Settings
 from policies import Calibration, TokenCounter
-from store.checkpoints import DiskCheckpoints
-from store.ledger import Ledger
+from store import close_stores, open_stores
+from store.turns import TurnLog
 
 FLAGS = (("summarized", "S"), ("compacted", "C"), ("dropped", "D"))
 
@@ -48,20 +49,18 @@ def run_inspect(args, settings: Settings) -> int:
 
 
 async def _inspect(args, settings: Settings) -> int:
-    ledger = Ledger(settings.store.path, synchronous=settings.store.sync)
-    checkpoints = DiskCheckpoints(settings.store.path, synchronous=settings.store.sync)
-    upstream = Upstream(settings.upstream.base_url, settings.upstream.api_key.get_secret_value(),
-                        connect_timeout=settings.upstream.connect_timeout_s, read_timeout=settings.upstream.read_timeout_s,
-                        max_connections=2)
-    await upstream.start()  # only for window discovery, as the gateway does it
+    ledger, checkpoints = open_stores(settings.store)
+    turns = TurnLog(settings.store.path, synchronous=settings.store.sync)
     try:
-        views = ViewBuilder(settings=settings, windows=Windows({k: v.context_window for k, v in settings.models.items()}, upstream),
-                            counter=TokenCounter(), calibration=Calibration(), checkpoints=checkpoints, metrics=None)
-        inspector = Inspector.wrap(ledger=ledger, checkpoints=checkpoints, views=views, settings=settings)
-        if not args.session:
-            sessions = inspector.sessions(args.tenant)
+        if not args.session:  # listing needs no view builder (and no tokenizer)
+            sessions = Inspector(ledger, checkpoints, None, settings, turns).sessions(args.tenant)
             print(json.dumps({"object": "list", "data": sessions}, indent=2) if args.json else sessions_table(sessions))
             return 0
+        # No upstream: windows are the recorded ones, else configuration (never a network call).
+        windows = ConfiguredWindows({k: v.context_window for k, v in settings.models.items()})
+        views = ViewBuilder(settings=settings, windows=windows, counter=TokenCounter(), calibration=Calibration(),
+                            checkpoints=checkpoints, metrics=None)
+        inspector = Inspector.wrap(ledger=ledger, checkpoints=checkpoints, views=views, settings=settings, turns=turns)
         record = inspector.find(args.session, args.tenant)
         if args.view:
             view = await inspector.projected_view(record)
@@ -71,9 +70,8 @@ async def _inspect(args, settings: Settings) -> int:
         print(json.dumps(detail, indent=2, ensure_ascii=False) if args.json else detail_text(detail))
         return 0
     finally:
-        await upstream.close()
-        checkpoints.close()
-        ledger.close()
+        turns.close()
+        close_stores(ledger, checkpoints)
 
 
 # -- rendering -------------------------------------------------------------------------------
@@ -119,8 +117,8 @@ def detail_text(d: dict) -> str:
     s, t, basis = d["session"], d["totals"], d["basis"]
     out = [f"session {s['session_id']}  ({s['key']})",
            f"created {_when(s['created'])}  updated {_when(s['updated'])}  events {s['events']}  requests {s['requests']}",
-           f"view basis: model {basis['model']} ({basis['model_source']}), window {basis['window']}, budget {basis['budget']}, "
-           f"checkpoint {basis['checkpoint'] or '-'}",
+           f"view basis: model {basis['model']} ({basis['model_source']}), window {basis['window']:,}, budget {basis['budget']:,} "
+           f"({basis['window_source']}), checkpoint {basis['checkpoint'] or '-'}",
            f"tokens: client {t['client_tokens']:,}  upstream {t['upstream_tokens']:,}  saved {t['saved_tokens']:,} "
            f"({t['saved_ratio']:.0%})  recall calls {t['recall_calls']}",
            "", "branches:"]
@@ -137,7 +135,8 @@ def detail_text(d: dict) -> str:
             out.append(f"  {'':>5} ↳ {kind:<13} {side['tokens']:>6}  {_one_line(side['preview'], width - 8)}")
         turn = turns.get(e["id"])
         if turn:
-            out.append(f"  {'':>5}   request: client {turn['client_tokens']:,} → upstream {turn['upstream_tokens']:,} tokens")
+            out.append(f"  {'':>5}   request: client {turn['client_tokens']:,} → upstream {turn['upstream_tokens']:,} tokens"
+                       f"  ({turn['model']}, window {turn['window']:,}, budget {turn['budget']:,})")
         if e["id"] == boundary:
             out.append(f"  {'':>5}   ==== summary boundary ({basis['checkpoint']}): events above are summarized ====")
     out += ["", f"checkpoints ({len(d['checkpoints'])}):"]

@@ -7,8 +7,6 @@ import asyncio
 import logging
 import sys
 
-from aiohttp import web
-
 from gateway.settings import ConfigError, Settings, load_settings
 
 log = logging.getLogger("palimpsest")
@@ -125,6 +123,7 @@ async def delete_session_cli(settings: Settings, wanted: str) -> int:
             return 1
         index = await asyncio.to_thread(open_index, settings, None)
         deleted = await delete_session(matches[0].key, ledger=ledger, checkpoints=checkpoints, index=index)
+        _forget_turns(settings, matches[0].key)
         print(f"deleted {matches[0].key}: {deleted['events']} events, {deleted['checkpoints']} checkpoints, index dropped")
         return 0
     finally:
@@ -133,7 +132,20 @@ async def delete_session_cli(settings: Settings, wanted: str) -> int:
         close_stores(ledger, checkpoints)
 
 
+def _forget_turns(settings: Settings, session_key: str) -> None:
+    """The session's rows in the turn log (store.turns) go with it."""
+    from store.turns import TurnLog
+
+    turns = TurnLog(settings.store.path, synchronous=settings.store.sync)
+    try:
+        turns.delete_session(session_key)
+    finally:
+        turns.close()
+
+
 def serve_forever(settings: Settings, *, host: str | None = None, port: int | None = None) -> int:
+    from aiohttp import web
+
     from gateway.app import create_app
     from gateway.ops.logs import setup_logging
 

@@ -19,8 +19,12 @@ and rate-limit headers), because clients retry on exactly what the provider said
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import orjson
-from aiohttp import web
+
+if TYPE_CHECKING:  # imported where used: CLI tools import the error types without the HTTP stack
+    from aiohttp import web
 
 
 class GatewayError(Exception):
@@ -84,4 +88,6 @@ def error_body(message: str, type_: str, param: str | None = None, code: str | N
 
 
 def error_response(status: int, message: str, type_: str, param: str | None = None, code: str | None = None) -> web.Response:
+    from aiohttp import web
+
     return web.Response(status=status, body=error_body(message, type_, param, code), content_type="application/json")

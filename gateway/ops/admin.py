@@ -27,7 +27,7 @@ from aiohttp import web
 
 from gateway.http.errors import BadRequest, NotFound, Unauthorized
 from gateway.ops.inspection import Inspector, ViewInputs
-from gateway.keys import CHECKPOINTS, LEDGER, PIPELINE, SETTINGS
+from gateway.keys import CHECKPOINTS, LEDGER, PIPELINE, SETTINGS, TURNS
 
 INSPECTOR: web.AppKey[Inspector] = web.AppKey("inspector", Inspector)
 UI_PAGE = Path(__file__).parent / "static" / "inspector.html"
@@ -60,7 +60,7 @@ async def _off(request: web.Request) -> web.Response:
 async def _inspector(app: web.Application) -> AsyncIterator[None]:
     # Runs after the gateway's own resources (cleanup_ctx order), so the pipeline exists.
     app[INSPECTOR] = Inspector.wrap(ledger=app[LEDGER], checkpoints=app[CHECKPOINTS],
-                                    views=app[PIPELINE].views, settings=app[SETTINGS])
+                                    views=app[PIPELINE].views, settings=app[SETTINGS], turns=app[TURNS])
     yield
 
 
@@ -167,4 +167,5 @@ async def session_delete(request: web.Request) -> web.Response:
     record = _record(request, inspector)
     index = await request.app[INDEXER].opened()
     deleted = await delete_session(record.key, ledger=request.app[LEDGER], checkpoints=request.app[CHECKPOINTS], index=index)
+    request.app[TURNS].delete_session(record.key)
     return _json({"id": record.key, "object": "session.deleted", "deleted": True, **deleted})

@@ -9,25 +9,32 @@ The view is made by the gateway's own ``ViewBuilder`` on a copy that cannot star
 and counts into a private metrics registry, so looking at a session neither changes the
 ledger, nor makes LLM calls, nor moves the gateway's counters. System prompts, tools and the
 request's model are not stored (they belong to each request), so callers may pass them in.
+
+What each past request was built on (model, window, budget, client and upstream tokens) is
+read from the turn log (``store.turns``), which the gateway writes as it answers: the inspector
+shows what the live gateway used, never asks the upstream for a window, and does not re-project
+every past request. A session is read with one ledger query (docs/architecture.md, "Inspection").
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from collections import defaultdict
+from dataclasses import dataclass, field
 
 import orjson
 
 from gateway.chat.request import parse_chat_request
 from gateway.http.errors import BadRequest, NotFound
-from gateway.ops.metrics import Metrics
 from gateway.chat.views import ViewBuilder
+from gateway.chat.windows import DEFAULT_WINDOW, KNOWN
 from store.checkpoints import Checkpoint
 from store.ledger import Event, SessionRecord, SessionRef
+from store.turns import TurnBasis
 
 PREVIEW_CHARS = 200
 UNKNOWN_MODEL = "unknown"
-MAX_TURN_STATS = 400  # per-request figures re-run the projection; cap the work on huge sessions
+NOT_RECORDED = "not recorded"
 NOT_STORED = ("System prompts and tools are request instructions, not history: the ledger does not "
               "store them. Pass the client's `system` (and `tools`) to get the exact view.")
 STORED_FORM = "Messages are in the ledger's stored form: null and empty fields the SDKs add are dropped."
@@ -57,6 +64,26 @@ class _NoSummaries:
         return None
 
 
+class _NoMetrics:
+    """Stands in for the metrics: inspecting a view moves none of the gateway's counters (and the
+    CLI does not import the Prometheus client)."""
+
+    def __getattr__(self, name: str) -> "_NoMetrics":
+        return self
+
+    def labels(self, *args, **kwargs) -> "_NoMetrics":
+        return self
+
+    def inc(self, *args, **kwargs) -> None:
+        return None
+
+    def observe(self, *args, **kwargs) -> None:
+        return None
+
+    def set(self, *args, **kwargs) -> None:
+        return None
+
+
 class _CheckpointsAsOf:
     """The checkpoint store as it stood at `cutoff`: what a request made then could use."""
 
@@ -75,25 +102,83 @@ class _CheckpointsAsOf:
         return None
 
 
+class ConfiguredWindows:
+    """Windows without an upstream (``palimpsest inspect``): configuration, then the table of
+    well-known models, then the gateway's conservative default. Never makes a network call."""
+
+    def __init__(self, configured: dict[str, int]) -> None:
+        self.configured = configured
+
+    async def window(self, model: str, auth=None) -> int:
+        if model in self.configured:
+            return self.configured[model]
+        return next((size for prefix, size in KNOWN if model.startswith(prefix)), DEFAULT_WINDOW)
+
+
+class _RecordedWindows:
+    """The window the gateway recorded for the model, else the fallback's."""
+
+    def __init__(self, recorded: dict[str, int], fallback) -> None:
+        self.recorded, self.fallback = recorded, fallback
+
+    async def window(self, model: str, auth=None) -> int:
+        found = self.recorded.get(model)
+        return found if found else await self.fallback.window(model, auth)
+
+
+@dataclass(slots=True)
+class SessionEvents:
+    """A session's events read once: path walks and side events without more queries."""
+
+    by_id: dict[str, Event]
+    side: dict[str | None, list[Event]] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, ledger, session_key: str) -> "SessionEvents":
+        by_id: dict[str, Event] = {}
+        side: dict[str | None, list[Event]] = defaultdict(list)
+        for event in ledger.since(session_key, -1):
+            if event.kind == "message":
+                by_id[event.id] = event
+            else:
+                side[event.parent].append(event)
+        return cls(by_id, dict(side))
+
+    def path_to(self, eid: str) -> list[Event]:
+        out, current = [], self.by_id.get(eid)
+        while current is not None:
+            out.append(current)
+            current = self.by_id.get(current.parent) if current.parent else None
+        out.reverse()
+        return out
+
+    def heads(self) -> list[str]:
+        parents = {e.parent for e in self.by_id.values()}
+        return [e.id for e in sorted(self.by_id.values(), key=lambda e: e.seq) if e.id not in parents]
+
+
 @dataclass(slots=True)
 class Inspector:
     ledger: object
     checkpoints: object
     views: ViewBuilder  # read-only copy of the gateway's builder (see `wrap`)
     settings: object
+    turn_log: object  # store.turns.TurnLog: what each answered request was built on
 
     @classmethod
-    def wrap(cls, *, ledger, checkpoints, views: ViewBuilder, settings) -> "Inspector":
+    def wrap(cls, *, ledger, checkpoints, views: ViewBuilder, settings, turns) -> "Inspector":
         """A read-only copy of the gateway's view builder: same windows, counter, calibration."""
         builder = copy.copy(views)
         builder.summarizer = _NoSummaries()
-        builder.metrics = Metrics()  # private registry: the gateway's counters stay honest
-        return cls(ledger, checkpoints, builder, settings)
+        builder.metrics = _NoMetrics()  # the gateway's counters stay honest
+        return cls(ledger, checkpoints, builder, settings, turns)
 
-    def _builder(self, cutoff: float | None) -> ViewBuilder:
+    def _builder(self, cutoff: float | None, recorded: dict[str, int] | None = None) -> ViewBuilder:
         # One copy per view: concurrent inspections never share a cutoff.
         builder = copy.copy(self.views)
         builder.checkpoints = _CheckpointsAsOf(self.checkpoints, cutoff)
+        if recorded:
+            builder.windows = _RecordedWindows(recorded, self.views.windows)
         return builder
 
     @property
@@ -129,19 +214,30 @@ class Inspector:
 
     # -- one session -------------------------------------------------------------------------
 
-    def path(self, record: SessionRecord, head: str | None) -> list[Event]:
+    def path(self, record: SessionRecord, head: str | None, events: SessionEvents | None = None) -> list[Event]:
+        events = events or SessionEvents.load(self.ledger, record.key)
         head = head or record.head
-        event = self.ledger.get(record.key, head) if head else None
-        if event is None or event.kind != "message":
+        if not head or head not in events.by_id:
             raise NotFound(f"No event '{head}' on a path of session '{record.key}'.")
-        return self.ledger.path_to(record.key, head)
+        return events.path_to(head)
+
+    def recorded(self, record: SessionRecord, path: list[Event]) -> list[TurnBasis]:
+        """The turn log's rows for requests on `path`, oldest first (the newest per request)."""
+        on_path = {e.id for e in path}
+        newest: dict[str | None, TurnBasis] = {}
+        for basis in self.turn_log.session(record.key):
+            if basis.node in on_path:
+                newest[basis.node] = basis
+        return sorted(newest.values(), key=lambda b: b.created)
 
     async def session_detail(self, record: SessionRecord, head: str | None = None,
                              inputs: ViewInputs | None = None) -> dict:
         inputs = inputs or ViewInputs()
-        path = self.path(record, head)
-        model, model_source = self._model(record, inputs)
-        view = await self._view(record, path, inputs, model)
+        session = SessionEvents.load(self.ledger, record.key)
+        path = self.path(record, head, session)
+        recorded = self.recorded(record, path)
+        model, model_source = self._model(record, inputs, recorded)
+        view = await self._view(record, path, inputs, model, recorded=recorded)
         positions = {e.id: i for i, e in enumerate(path)}
         checkpoint = self._checkpoint(record, view.checkpoint)
         boundary = positions.get(checkpoint.boundary, -1) if checkpoint else -1
@@ -155,18 +251,19 @@ class Inspector:
             compacted = hidden and not summarized and sent is not None and sent.get("content") != event.message.get("content")
             row.update(hidden=hidden, summarized=summarized, compacted=compacted,
                        dropped=hidden and not summarized and not compacted)
-            row["side_events"] = [self._event_row(record.key, s) for s in self.ledger.side_events(record.key, event.id)]
+            row["side_events"] = [self._event_row(record.key, s) for s in session.side.get(event.id, ())]
             events.append(row)
-        turns = await self.turns(record, path, inputs, model)
+        turns = self.turns(path, recorded)
         client = sum(t["client_tokens"] for t in turns)
         upstream = sum(t["upstream_tokens"] for t in turns)
         return {
             "session": self._session_row(record),
             "head": path[-1].id,
-            "branches": self.branches(record),
+            "branches": self.branches(record, session),
             "basis": {"model": model, "model_source": model_source, "checkpoint": view.checkpoint,
                       "boundary": checkpoint.boundary if checkpoint else None, "system_prompt": self._system_note(inputs),
-                      "window": view.window, "budget": view.budget},
+                      "window": view.window, "budget": view.budget,
+                      "window_source": _window_source(model, recorded, inputs)},
             "events": events,
             "checkpoints": [self._checkpoint_row(cp, positions, view.checkpoint) for cp in self.checkpoints.list(record.key)],
             "turns": turns,
@@ -178,29 +275,28 @@ class Inspector:
             },
         }
 
-    def branches(self, record: SessionRecord) -> list[dict]:
+    def branches(self, record: SessionRecord, session: SessionEvents | None = None) -> list[dict]:
+        session = session or SessionEvents.load(self.ledger, record.key)
         out = []
-        for head in self.ledger.heads(record.key):
-            path = self.ledger.path_to(record.key, head)
+        for head in session.heads():
+            path = session.path_to(head)
             out.append({"head": head, "length": len(path), "current": head == record.head,
                         "updated": path[-1].created if path else None})
         return sorted(out, key=lambda b: b["updated"] or 0, reverse=True)
 
-    async def turns(self, record: SessionRecord, path: list[Event], inputs: ViewInputs, model: str) -> list[dict]:
-        """Client vs upstream prompt tokens of each request on the path, re-projected as of then.
-
-        A request ends with the message that precedes an assistant answer (or with the head).
-        Checkpoints made after its answer could not have been used, so they are left out; the
-        figures are estimates (calibrated like the gateway's own) without system prompt and
-        tools unless those are passed in."""
-        ends = [i for i, e in enumerate(path) if e.role != "assistant" and (i + 1 == len(path) or path[i + 1].role == "assistant")]
+    @staticmethod
+    def turns(path: list[Event], recorded: list[TurnBasis]) -> list[dict]:
+        """Each answered request on the path as the gateway recorded it when it answered: the
+        model, window and budget its view was fitted to, client vs upstream prompt tokens.
+        Requests answered before the turn log existed have no row."""
+        positions = {e.id: i for i, e in enumerate(path)}
         out = []
-        for i in ends[-MAX_TURN_STATS:]:
-            cutoff = path[i + 1].created if i + 1 < len(path) else None
-            view = await self._view(record, path[: i + 1], inputs, model, cutoff=cutoff)
-            out.append({"event": path[i].id, "seq": path[i].seq, "index": i, "client_tokens": view.client_tokens,
-                        "upstream_tokens": view.upstream_tokens, "checkpoint": view.checkpoint,
-                        "answered": i + 1 < len(path)})
+        for basis in recorded:
+            i = positions[basis.node]
+            out.append({"event": basis.node, "seq": path[i].seq, "index": i, "client_tokens": basis.client_tokens,
+                        "upstream_tokens": basis.upstream_tokens, "checkpoint": basis.checkpoint,
+                        "answered": basis.answer is not None, "model": basis.model, "window": basis.window,
+                        "budget": basis.budget, "recall_calls": basis.recall_calls, "created": basis.created})
         return out
 
     async def projected_view(self, record: SessionRecord, head: str | None = None, inputs: ViewInputs | None = None,
@@ -211,14 +307,15 @@ class Inspector:
         (what the model saw then, before later summaries)."""
         inputs = inputs or ViewInputs()
         path = self.path(record, head)
-        model, model_source = self._model(record, inputs)
+        recorded = self.recorded(record, path)
+        model, model_source = self._model(record, inputs, recorded)
         cutoff = None
         if checkpoint:
             pinned = self._checkpoint(record, checkpoint)
             if pinned is None:
                 raise NotFound(f"No checkpoint '{checkpoint}' in session '{record.key}'.")
             cutoff = pinned.created
-        chat, view = await self._chat_and_view(record, path, inputs, model, cutoff=cutoff)
+        chat, view = await self._chat_and_view(record, path, inputs, model, cutoff=cutoff, recorded=recorded)
         untouched = view.messages is None
         return {
             "session": record.key, "head": path[-1].id, "model": model, "model_source": model_source,
@@ -230,16 +327,17 @@ class Inspector:
             "hidden": sorted(view.hidden),
             "tokens": {"client": view.client_tokens, "upstream": view.upstream_tokens,
                        "saved": view.client_tokens - view.upstream_tokens, "window": view.window, "budget": view.budget,
+                       "window_source": _window_source(model, recorded, inputs),
                        "calibration": round(self.views.calibration.factor(model), 4)},
         }
 
     # -- building blocks ---------------------------------------------------------------------
 
-    async def _view(self, record, path, inputs, model, *, cutoff=None):
-        return (await self._chat_and_view(record, path, inputs, model, cutoff=cutoff))[1]
+    async def _view(self, record, path, inputs, model, *, cutoff=None, recorded=()):
+        return (await self._chat_and_view(record, path, inputs, model, cutoff=cutoff, recorded=recorded))[1]
 
     async def _chat_and_view(self, record: SessionRecord, path: list[Event], inputs: ViewInputs, model: str, *,
-                             cutoff: float | None = None):
+                             cutoff: float | None = None, recorded: list[TurnBasis] | tuple = ()):
         body: dict = {"model": model, "messages": [*inputs.instructions(), *(e.message for e in path)]}
         if inputs.tools:
             body["tools"] = inputs.tools
@@ -247,13 +345,16 @@ class Inspector:
             body["max_tokens"] = inputs.max_tokens
         chat = parse_chat_request(orjson.dumps(body))
         chat.ids = [e.id for e in path]
-        view = await self._builder(cutoff).build(chat, SessionRef(record.tenant, record.session_id))
+        windows = {b.model: b.window for b in recorded if b.window}  # the newest per model
+        view = await self._builder(cutoff, windows).build(chat, SessionRef(record.tenant, record.session_id))
         return chat, view
 
-    def _model(self, record: SessionRecord, inputs: ViewInputs) -> tuple[str, str]:
+    def _model(self, record: SessionRecord, inputs: ViewInputs, recorded: list[TurnBasis]) -> tuple[str, str]:
         """The caller's model, else the session's newest request's, else the checkpoints'."""
         if inputs.model:
             return inputs.model, "given"
+        if recorded:
+            return recorded[-1].model, "newest request"
         if record.model:
             return record.model, "newest request"
         if not self.settings.policy.summary_model:
@@ -288,6 +389,14 @@ class Inspector:
             "summary": cp.summary, "summary_tokens": cp.summary_tokens, "state": cp.state, "created": cp.created,
             "model": cp.model, "mode": cp.mode, "previous": cp.previous,
         }
+
+
+def _window_source(model: str, recorded: list[TurnBasis], inputs: ViewInputs) -> str:
+    """Where the view's window came from: what the gateway recorded, or (for sessions answered
+    before the turn log, or another model) configuration and discovery."""
+    if any(b.model == model for b in recorded):
+        return "recorded by the gateway"
+    return NOT_RECORDED + ": configured or discovered"
 
 
 def preview(message: dict, limit: int = PREVIEW_CHARS) -> str:

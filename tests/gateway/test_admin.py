@@ -54,7 +54,7 @@ async def test_admin_is_off_without_a_token(gateway):
 
 
 async def test_wrong_or_missing_token_is_401(start_gateway):
-    gw = await start_gateway(server={"admin_token": TOKEN})
+    gw = await start_gateway(server={"admin_token": TOKEN}, policy={"profile": "economy"})
     for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": TOKEN}):
         status, body = await get(gw, "/admin/sessions", headers=headers)
         assert status == 401
@@ -66,7 +66,7 @@ async def test_wrong_or_missing_token_is_401(start_gateway):
 
 
 async def test_session_list_and_detail_show_checkpoints_and_hidden_events(start_gateway, upstream):
-    gw = await start_gateway(server={"admin_token": TOKEN})
+    gw = await start_gateway(server={"admin_token": TOKEN}, policy={"profile": "economy"})
     await client(gw, "short").chat.completions.create(model="fake-32k", messages=[{"role": "user", "content": "hi"}])
     _, history, raw, record = await long_session(gw)
 
@@ -94,7 +94,10 @@ async def test_session_list_and_detail_show_checkpoints_and_hidden_events(start_
     used = next(cp for cp in cps if cp["in_view"])
     assert detail["basis"]["checkpoint"] == used["id"] and detail["basis"]["boundary"] == used["boundary"]
     boundary = next(i for i, e in enumerate(events) if e["id"] == used["boundary"])
-    assert all(e["summarized"] and e["hidden"] for e in events[: boundary + 1])
+    assert all(e["summarized"] for e in events[: boundary + 1])
+    # Hidden too, but for the user message of a turn the boundary cuts through: it stays in the view.
+    shown = [e for e in events[: boundary + 1] if not e["hidden"]]
+    assert len(shown) <= 1 and all(e["role"] == "user" for e in shown)
     assert not any(e["summarized"] for e in events[boundary + 1:])
     compacted = [e for e in events if e["compacted"]]
     assert compacted and all(e["role"] == "tool" and not e["summarized"] for e in compacted)
@@ -119,7 +122,7 @@ async def test_session_list_and_detail_show_checkpoints_and_hidden_events(start_
 
 
 async def test_view_is_what_the_upstream_received(start_gateway, upstream):
-    gw = await start_gateway(server={"admin_token": TOKEN})
+    gw = await start_gateway(server={"admin_token": TOKEN}, policy={"profile": "economy"})
     session, history, raw, record = await long_session(gw)
     last = [r for r in upstream.chat_requests() if not r["headers"].get("x-palimpsest-purpose")][-1]["json"]
     used = raw[-1].headers["x-palimpsest-checkpoint"]
@@ -141,7 +144,7 @@ async def test_view_is_what_the_upstream_received(start_gateway, upstream):
     # Without the system prompt the view says so, and is otherwise the same history.
     status, bare = await get(gw, f"/admin/sessions/{record.key}/view", head=head, checkpoint=used)
     assert status == 200 and "not store" in bare["system_prompt"]
-    assert bare["messages"][1:] == sent[1:]
+    assert bare["messages"] == sent[1:]  # the block follows the client's system prompt, which is absent here
     async with aiohttp.ClientSession() as s:
         async with s.post(url, headers=AUTH, json={"system": [{"role": "user", "content": "x"}]}) as r:
             assert r.status == 400 and (await r.json())["error"]["param"] == "system"
@@ -151,11 +154,11 @@ async def test_view_is_what_the_upstream_received(start_gateway, upstream):
 
 
 async def test_inspect_cli_renders_sessions_checkpoints_and_view(start_gateway, upstream, tmp_path):
-    gw = await start_gateway(server={"admin_token": TOKEN})
+    gw = await start_gateway(server={"admin_token": TOKEN}, policy={"profile": "economy"})
     _, _, _, record = await long_session(gw, rounds=26)
     checkpoint = gw.app[CHECKPOINTS].list(record.key)[-1]
     env = {**os.environ, "PALIMPSEST_STORE__PATH": gw.settings.store.path,
-           "PALIMPSEST_UPSTREAM__BASE_URL": upstream.base_url}
+           "PALIMPSEST_UPSTREAM__BASE_URL": upstream.base_url, "PALIMPSEST_POLICY__PROFILE": "economy"}
 
     async def inspect(*args: str) -> str:
         # Async subprocess: the puppet in this event loop keeps answering window discovery.
@@ -175,7 +178,7 @@ async def test_inspect_cli_renders_sessions_checkpoints_and_view(start_gateway, 
     assert as_json["session"]["key"] == record.key
     assert checkpoint.id in {cp["id"] for cp in as_json["checkpoints"]}
     view = json.loads(await inspect("long", "--view", "--json"))
-    assert view["checkpoint"] and "<session_summary>" in view["messages"][0]["content"]
+    assert view["checkpoint"] and any("<session_summary>" in (m.get("content") or "") for m in view["messages"][:2])
     status, from_api = await get(gw, f"/admin/sessions/{record.key}/view")
     assert view["messages"] == from_api["messages"]
     missing = await asyncio.create_subprocess_exec(sys.executable, "-m", "gateway", "inspect", "nope", env=env,

@@ -1,0 +1,112 @@
+"""The turn log: what each answered request was built on (docs/architecture.md, "Inspection").
+
+One row per answered request: the model, the context window and budget its view was fitted to,
+the client's and the upstream's prompt tokens, the checkpoint in the view and the recall calls,
+keyed by the session and the request's last message (the node its answer hangs off). The
+inspector (``palimpsest inspect``, the admin API) reads these instead of asking the upstream for
+windows or re-projecting every past request, so it shows what the live gateway used.
+
+The embedded backend is its own small SQLite file (``turns.sqlite3`` under ``store.path``), kept
+apart from the ledger so recording never touches the ledger's transactions or its events. Rows
+are buffered in memory and written in one transaction by ``flush`` (the app calls it every
+~0.5 s and on close), so the request path only appends to a list.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from dataclasses import astuple, dataclass, field, fields
+from pathlib import Path
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS turns (
+    session_key     TEXT NOT NULL,
+    node            TEXT,
+    answer          TEXT,
+    created         REAL NOT NULL,
+    model           TEXT NOT NULL,
+    window          INTEGER NOT NULL,
+    budget          INTEGER NOT NULL,
+    client_tokens   INTEGER NOT NULL,
+    upstream_tokens INTEGER NOT NULL,
+    checkpoint      TEXT,
+    recall_calls    INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS turns_by_session ON turns (session_key, created);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnBasis:
+    """What one answered request was built on."""
+
+    session_key: str
+    node: str | None  # the request's last message: its answer is this event's child
+    answer: str | None  # the answer's event id
+    model: str
+    window: int
+    budget: int
+    client_tokens: int
+    upstream_tokens: int
+    checkpoint: str | None = None
+    recall_calls: int = 0
+    created: float = field(default_factory=time.time)
+
+
+_COLUMNS = ("session_key", "node", "answer", "created", "model", "window", "budget", "client_tokens",
+            "upstream_tokens", "checkpoint", "recall_calls")
+_ORDER = [f.name for f in fields(TurnBasis)]
+
+
+def _row(basis: TurnBasis) -> tuple:
+    values = dict(zip(_ORDER, astuple(basis)))
+    return tuple(values[c] for c in _COLUMNS)
+
+
+class TurnLog:
+    """SQLite-backed turn log; `add` buffers, `flush` writes."""
+
+    def __init__(self, path: str | Path, *, synchronous: str = "normal") -> None:
+        root = Path(path)
+        root.mkdir(parents=True, exist_ok=True)
+        self._path = root / "turns.sqlite3"
+        self._db = sqlite3.connect(str(self._path), timeout=10, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(f"PRAGMA synchronous={'FULL' if synchronous == 'full' else 'NORMAL'}")
+        self._db.executescript(_SCHEMA)
+        self._pending: list[TurnBasis] = []
+        self._lock = threading.Lock()
+
+    def add(self, basis: TurnBasis) -> None:
+        """Remember one request's basis; it reaches the disk with the next `flush`."""
+        self._pending.append(basis)
+
+    def flush(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+            if not pending:
+                return
+            cols = ", ".join(_COLUMNS)
+            with self._db:
+                self._db.execute("BEGIN")
+                self._db.executemany(f"INSERT INTO turns ({cols}) VALUES ({', '.join('?' * len(_COLUMNS))})",
+                                     [_row(b) for b in pending])
+
+    def session(self, session_key: str) -> list[TurnBasis]:
+        """Every recorded request of the session, oldest first."""
+        self.flush()
+        rows = self._db.execute(
+            f"SELECT {', '.join(_COLUMNS)} FROM turns WHERE session_key = ? ORDER BY created", (session_key,)
+        ).fetchall()
+        return [TurnBasis(**dict(zip(_COLUMNS, row))) for row in rows]
+
+    def delete_session(self, session_key: str) -> int:
+        self.flush()
+        with self._db:
+            return self._db.execute("DELETE FROM turns WHERE session_key = ?", (session_key,)).rowcount
+
+    def close(self) -> None:
+        self.flush()
+        self._db.close()
