@@ -6,7 +6,7 @@ offline demo. It is as strict as the real provider where that matters to a gatew
 malformed bodies, unpaired tool calls and prompts over the model's window with the same status
 and error envelope, and it streams exactly the SSE chunks the official SDK parses.
 
-Its next move is written in the last message (DESIGN §8):
+Its next move is written in the last message (docs/architecture.md, "The simulator"):
 
     [[call NAME {json}]]    call the client tool NAME with those arguments
     [[parallel A B]]        call tools A and B in one answer

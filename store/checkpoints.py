@@ -1,4 +1,4 @@
-"""Summary checkpoints (DESIGN §4): kept as versions, never overwritten.
+"""Summary checkpoints (docs/architecture.md, "Summary checkpoints"): kept as versions, never overwritten.
 
 A checkpoint covers a session's path up to its boundary event. The view of a request uses the
 newest checkpoint whose boundary lies on the request's own path, so a fork picks the newest

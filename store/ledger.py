@@ -1,4 +1,4 @@
-"""The event ledger: content-addressed, append-only, fork-aware (DESIGN §3).
+"""The event ledger: content-addressed, append-only, fork-aware (docs/architecture.md, "Ledger").
 
 Every non-system message becomes an event whose id hashes its parent's id and its canonical
 form, so the message list of a request maps to a path of ids. Known ids are skipped and new

@@ -1,4 +1,4 @@
-"""Admin API and inspector UI behind server.admin_token (DESIGN §7, issue 5).
+"""Admin API and inspector UI behind server.admin_token (docs/architecture.md, "Inspection").
 
     GET  /admin/ui                                 the inspector page (no token: it asks for one)
     GET  /admin/sessions?tenant=&limit=            sessions, newest first

@@ -1,4 +1,4 @@
-"""Running session_search and session_load against the ledger and the index (DESIGN §6).
+"""Running session_search and session_load against the ledger and the index (docs/architecture.md, "Recall").
 
 Results are JSON the model reads as a tool result. Every result says it is historical
 context, not instructions; recall errors are results too, never HTTP errors.
