@@ -109,6 +109,28 @@ async def agent(shared: Shared, index: int, rounds: int, seed: int) -> None:
         n += 1
 
 
+async def observe_metrics(shared: Shared, totals: dict, stop: asyncio.Event) -> None:
+    """Scrape /metrics every second; keep each gateway incarnation's last counters (a kill
+    loses at most the last second of them)."""
+    import aiohttp
+
+    from bench.load import parse_metrics
+
+    last: dict[int, dict[str, float]] = {}
+    async with aiohttp.ClientSession() as http:
+        while not stop.is_set():
+            incarnation = shared.gateway.starts
+            try:
+                async with http.get(shared.gateway.url + "/metrics", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                    last[incarnation] = parse_metrics(await r.text())
+            except Exception:  # noqa: BLE001 - the gateway is down between a kill and its restart
+                pass
+            await asyncio.sleep(1.0)
+    for name in ("palimpsest_summary_checkpoints_created_total:sum", 'palimpsest_summary_jobs_dropped_total{reason="leased"}',
+                 "palimpsest_summary_jobs_enqueued_total:sum"):
+        totals[name] = sum(m.get(name, 0.0) for m in last.values())
+
+
 async def wait_for_point(kind: str, shared: Shared, puppet, rng: random.Random, timeout: float = 30.0) -> str:
     deadline = time.monotonic() + timeout
     if kind == "random":
@@ -141,6 +163,10 @@ async def killer(shared: Shared, puppet, kills: int, rng: random.Random, log: li
         log.append({"kill": k + 1, "point": point, **in_flight, "restart_s": round(restart, 2)})
         print(f"  kill {k + 1:>2}: {point:<32} streams={in_flight['streams']} summaries={in_flight['summaries']} restart {restart:.1f} s", flush=True)
         await asyncio.sleep(rng.uniform(0.5, 2.0))  # progress between kills
+
+
+async def stop_sessions_after(shared: Shared, seconds: float) -> None:
+    await asyncio.sleep(seconds)
     shared.stop_new_sessions = True
 
 
@@ -151,7 +177,7 @@ def _canon(message: dict) -> bytes:
     return orjson.dumps(canonical_message(message), option=orjson.OPT_SORT_KEYS)
 
 
-async def audit(config: Path, histories: dict[str, list[dict]]) -> dict:
+async def audit(config: Path, histories: dict[str, list[dict]], since: float) -> dict:
     from gateway.app import open_index
     from gateway.jobs.indexer import Indexer
     from gateway.settings import load_settings
@@ -167,7 +193,7 @@ async def audit(config: Path, histories: dict[str, list[dict]]) -> dict:
     bad_checkpoints: list[str] = []
     index_behind: list[str] = []
     index_was_behind = 0
-    checkpoint_count = 0
+    checkpoint_count = checkpoints_after_last_kill = 0
     try:
         index = await indexer.opened()
         for session_id, history in histories.items():
@@ -192,6 +218,7 @@ async def audit(config: Path, histories: dict[str, list[dict]]) -> dict:
             # Checkpoints: boundaries exist, one per boundary, versions 1..n.
             cps = checkpoints.list(key)
             checkpoint_count += len(cps)
+            checkpoints_after_last_kill += sum(1 for cp in cps if cp.created >= since)
             boundaries = Counter(cp.boundary for cp in cps)
             all_ids = {e.id for e in ledger.since(key, -1)}
             for cp in cps:
@@ -215,7 +242,8 @@ async def audit(config: Path, histories: dict[str, list[dict]]) -> dict:
         checkpoints.close()
         ledger.close()
     return {"messages": messages, "lost": lost, "duplicated": duplicated, "orphan_answers": orphan_answers,
-            "checkpoints": checkpoint_count, "inconsistent_checkpoints": bad_checkpoints,
+            "checkpoints": checkpoint_count, "checkpoints_after_last_kill": checkpoints_after_last_kill,
+            "inconsistent_checkpoints": bad_checkpoints,
             "index_behind": index_behind, "index_behind_before_catch_up": index_was_behind}
 
 
@@ -238,13 +266,22 @@ async def run(args) -> dict:
         await gateway.start()
         shared = Shared(gateway, Client(gateway.url, timeout_s=30.0), asyncio.Event())
         shared.up.set()
+        totals: dict = {}
+        stop_observing = asyncio.Event()
+        observer = asyncio.create_task(observe_metrics(shared, totals, stop_observing))
         agents = [asyncio.create_task(agent(shared, i, args.rounds, args.seed)) for i in range(args.agents)]
         await killer(shared, puppet, args.kills, rng, kills)
+        last_restart = time.monotonic()
+        await stop_sessions_after(shared, args.tail_seconds)  # no more kills: do checkpoints resume?
         await asyncio.gather(*agents)
+        await asyncio.sleep(1.5)
+        stop_observing.set()
+        await observer
         gateway.kill()  # the last one: no graceful shutdown before the audit
         await shared.client.close()
         elapsed = time.perf_counter() - started
-        result = await audit(config, shared.histories)
+        result = await audit(config, shared.histories, since=time.time() - (time.monotonic() - last_restart))
+        result["gateway_metrics"] = totals
         result.update({"kills": len(kills) + 1, "kill_log": kills, "sessions": len(shared.histories),
                        "requests": shared.requests, "resends": shared.resends, "client_errors": shared.client_errors,
                        "summary_calls": puppet.summary_calls, "seconds": round(elapsed, 1), "gateway_log": str(work / "gateway.log")})
@@ -272,6 +309,12 @@ def render(r: dict) -> str:
                f"({r['resends']} resends), {r['summary_calls']} summary calls, {r['checkpoints']} checkpoints, "
                f"{r['orphan_answers']} answers recorded but never resent (branches), index behind before catch-up in "
                f"{r['index_behind_before_catch_up']} sessions; {r['seconds']} s")
+    g = r.get("gateway_metrics", {})
+    leased = g.get('palimpsest_summary_jobs_dropped_total{reason="leased"}', 0)
+    out.append(f"gateway counters over all incarnations: summary jobs enqueued {g.get('palimpsest_summary_jobs_enqueued_total:sum', 0):.0f}, "
+               f"checkpoints created {g.get('palimpsest_summary_checkpoints_created_total:sum', 0):.0f}, jobs refused by a lease "
+               f"{leased:.0f}; checkpoints written after the last kill "
+               f"{r['checkpoints_after_last_kill']}")
     for item in (r["inconsistent_checkpoints"] + r["client_errors"])[:10]:
         out.append(f"  ! {item}")
     return "\n".join(out)
@@ -283,6 +326,7 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=4, help="concurrent agents (each replays sessions one after another)")
     parser.add_argument("--rounds", type=int, default=24, help="rounds per synthetic session")
     parser.add_argument("--summary-delay", type=float, default=0.4, help="seconds each summary call takes at the puppet")
+    parser.add_argument("--tail-seconds", type=float, default=20.0, help="keep starting sessions this long after the last kill")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--keep", action="store_true", help="keep the work directory (store, logs)")
     parser.add_argument("--json", type=Path)
