@@ -50,10 +50,10 @@ class Indexer:
         return self._index
 
     async def catch_up(self, session_key: str) -> int:
-        from store.index import IndexedEvent
-
         lock = self._locks.setdefault(session_key, asyncio.Lock())
         index = await self.opened()
+        from store.index import IndexedEvent  # after opened(): LanceDB is imported off the loop
+
         async with lock:
             seq = index.indexed_seq(session_key)
             events = [e for e in await store_call(self.ledger.since, session_key, seq) if e.kind == "message"]
