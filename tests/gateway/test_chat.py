@@ -197,8 +197,9 @@ async def test_upstream_unreachable_is_502(start_gateway):
     assert info.value.body["code"] == "upstream_unreachable"
 
 
-async def test_upstream_timeout_is_504(start_gateway):
-    gw = await start_gateway(upstream={"read_timeout_s": 0.3})
+@pytest.mark.parametrize("setting", ["first_byte_timeout_s", "read_timeout_s"])  # read_timeout_s caps the others
+async def test_upstream_timeout_is_504(start_gateway, setting):
+    gw = await start_gateway(upstream={setting: 0.3})
     with pytest.raises(openai.APIStatusError) as info:
         await client(gw).chat.completions.create(model="m", messages=[{"role": "user", "content": "[[sleep 3]]"}])
     assert info.value.status_code == 504
