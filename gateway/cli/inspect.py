@@ -23,7 +23,8 @@ from pathlib import Path
 
 from gateway.chat.views import ViewBuilder
 from gateway.http.errors import GatewayError
-from gateway.ops.inspection import ConfiguredWindows, Inspector
+from gateway.ops.inspection import Inspector
+from gateway.ops.readonly import ConfiguredWindows
 from gateway.settings import Settings
 from policies import Calibration, TokenCounter
 from store import close_stores, open_stores

@@ -19,15 +19,14 @@ every past request. A session is read with one ledger query (docs/architecture.m
 from __future__ import annotations
 
 import copy
-from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import orjson
 
 from gateway.chat.request import parse_chat_request
 from gateway.http.errors import BadRequest, NotFound
 from gateway.chat.views import ViewBuilder
-from gateway.chat.windows import DEFAULT_WINDOW, KNOWN
+from gateway.ops.readonly import CheckpointsAsOf, ConfiguredWindows, NoMetrics, NoSummaries, RecordedWindows, SessionEvents
 from store.checkpoints import Checkpoint
 from store.ledger import Event, SessionRecord, SessionRef
 from store.turns import TurnBasis
@@ -57,106 +56,6 @@ class ViewInputs:
         return list(self.system)
 
 
-class _NoSummaries:
-    """Stands in for the summarizer: inspecting a view must never start a summary job."""
-
-    async def sync(self, *args, **kwargs) -> None:
-        return None
-
-
-class _NoMetrics:
-    """Stands in for the metrics: inspecting a view moves none of the gateway's counters (and the
-    CLI does not import the Prometheus client)."""
-
-    def __getattr__(self, name: str) -> "_NoMetrics":
-        return self
-
-    def labels(self, *args, **kwargs) -> "_NoMetrics":
-        return self
-
-    def inc(self, *args, **kwargs) -> None:
-        return None
-
-    def observe(self, *args, **kwargs) -> None:
-        return None
-
-    def set(self, *args, **kwargs) -> None:
-        return None
-
-
-class _CheckpointsAsOf:
-    """The checkpoint store as it stood at `cutoff`: what a request made then could use."""
-
-    def __init__(self, checkpoints, cutoff: float | None = None) -> None:
-        self._checkpoints = checkpoints
-        self.cutoff = cutoff
-
-    def list(self, session_key: str) -> list[Checkpoint]:
-        found = self._checkpoints.list(session_key)
-        return found if self.cutoff is None else [c for c in found if c.created <= self.cutoff]
-
-    def newest_on_path(self, session_key: str, positions: dict[str, int]):
-        for cp in reversed(self.list(session_key)):
-            if cp.boundary in positions:
-                return cp, positions[cp.boundary]
-        return None
-
-
-class ConfiguredWindows:
-    """Windows without an upstream (``palimpsest inspect``): configuration, then the table of
-    well-known models, then the gateway's conservative default. Never makes a network call."""
-
-    def __init__(self, configured: dict[str, int]) -> None:
-        self.configured = configured
-
-    async def window(self, model: str, auth=None) -> int:
-        if model in self.configured:
-            return self.configured[model]
-        return next((size for prefix, size in KNOWN if model.startswith(prefix)), DEFAULT_WINDOW)
-
-
-class _RecordedWindows:
-    """The window the gateway recorded for the model, else the fallback's."""
-
-    def __init__(self, recorded: dict[str, int], fallback) -> None:
-        self.recorded, self.fallback = recorded, fallback
-
-    async def window(self, model: str, auth=None) -> int:
-        found = self.recorded.get(model)
-        return found if found else await self.fallback.window(model, auth)
-
-
-@dataclass(slots=True)
-class SessionEvents:
-    """A session's events read once: path walks and side events without more queries."""
-
-    by_id: dict[str, Event]
-    side: dict[str | None, list[Event]] = field(default_factory=dict)
-
-    @classmethod
-    def load(cls, ledger, session_key: str) -> "SessionEvents":
-        by_id: dict[str, Event] = {}
-        side: dict[str | None, list[Event]] = defaultdict(list)
-        for event in ledger.since(session_key, -1):
-            if event.kind == "message":
-                by_id[event.id] = event
-            else:
-                side[event.parent].append(event)
-        return cls(by_id, dict(side))
-
-    def path_to(self, eid: str) -> list[Event]:
-        out, current = [], self.by_id.get(eid)
-        while current is not None:
-            out.append(current)
-            current = self.by_id.get(current.parent) if current.parent else None
-        out.reverse()
-        return out
-
-    def heads(self) -> list[str]:
-        parents = {e.parent for e in self.by_id.values()}
-        return [e.id for e in sorted(self.by_id.values(), key=lambda e: e.seq) if e.id not in parents]
-
-
 @dataclass(slots=True)
 class Inspector:
     ledger: object
@@ -169,16 +68,16 @@ class Inspector:
     def wrap(cls, *, ledger, checkpoints, views: ViewBuilder, settings, turns) -> "Inspector":
         """A read-only copy of the gateway's view builder: same windows, counter, calibration."""
         builder = copy.copy(views)
-        builder.summarizer = _NoSummaries()
-        builder.metrics = _NoMetrics()  # the gateway's counters stay honest
+        builder.summarizer = NoSummaries()
+        builder.metrics = NoMetrics()  # the gateway's counters stay honest
         return cls(ledger, checkpoints, builder, settings, turns)
 
     def _builder(self, cutoff: float | None, recorded: dict[str, int] | None = None) -> ViewBuilder:
         # One copy per view: concurrent inspections never share a cutoff.
         builder = copy.copy(self.views)
-        builder.checkpoints = _CheckpointsAsOf(self.checkpoints, cutoff)
+        builder.checkpoints = CheckpointsAsOf(self.checkpoints, cutoff)
         if recorded:
-            builder.windows = _RecordedWindows(recorded, self.views.windows)
+            builder.windows = RecordedWindows(recorded, self.views.windows)
         return builder
 
     @property
