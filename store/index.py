@@ -335,13 +335,32 @@ class SearchIndex:
             self._high_water[session_key] = -1
             return None
         if not any(index.index_type == "FTS" for index in await table.list_indices()):
-            await table.create_index("text", config=FTS())  # a crash interrupted _create
+            try:
+                await table.create_index("text", config=FTS())  # a crash interrupted _create
+            except RuntimeError:
+                if not self._shared:
+                    raise
+                # Shared index: the replica that created the table is building it right now
+                # (LanceDB refuses the second CreateIndex); searches scan unindexed rows meanwhile.
         return self._remember(session_key, _Session(table))
 
     async def _create(self, session_key: str, batch: pa.Table) -> None:
-        table = await (await self._connection()).create_table(
-            _table_name(session_key), data=batch, schema=self._schema
-        )
+        try:
+            table = await (await self._connection()).create_table(
+                _table_name(session_key), data=batch, schema=self._schema
+            )
+        except ValueError:
+            if not self._shared:
+                raise
+            # Another replica created the session's table first: add what it lacks.
+            session = await self._session(session_key)
+            if session is None:
+                raise
+            known = await self._existing_ids(session, session_key, batch["event_id"].to_pylist())
+            fresh = batch.filter(pc.invert(pc.is_in(batch["event_id"], pa.array(sorted(known), pa.string()))))
+            if fresh.num_rows:
+                await session.table.add(fresh)
+            return
         await table.create_index("text", config=FTS())
         self._remember(session_key, _Session(table))
 
