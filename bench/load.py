@@ -182,6 +182,8 @@ async def run(args) -> dict:
         "summary_enqueued": m.get("palimpsest_summary_jobs_enqueued_total:sum", 0.0),
         "checkpoints_created": m.get("palimpsest_summary_checkpoints_created_total:sum", 0.0),
         "sigterm_exit": rc,
+        "rss_timeline_mb": [(round(t), round(b / 2**20)) for t, b in stats.rss[:: max(1, len(stats.rss) // 12)]],
+        "warmup_s": warm,
         "summary_metrics": {k: v for k, v in m.items() if "summary" in k and k.endswith(":sum")},
     }
 
@@ -207,6 +209,8 @@ def render(r: dict) -> str:
                f"({r['requests'] / max(1, r['seconds']):.1f}/s), latency p50 {r['latency_p50']:.2f} s p99 {r['latency_p99']:.2f} s; "
                f"summary jobs enqueued {r['summary_enqueued']:.0f}, dropped {r['summary_dropped']}, checkpoints {r['checkpoints_created']:.0f}; "
                f"SIGTERM exit code {r['sigterm_exit']}")
+    out.append(f"RSS (s: MB) {', '.join(f'{t}: {mb}' for t, mb in r['rss_timeline_mb'])}; baseline taken at {r['warmup_s']:.0f} s "
+               "(the recall index, LanceDB and WordLlama, adds ~0.5 GB once, when the first session hides history)")
     for example in r["error_examples"]:
         out.append(f"  ! {example}")
     return "\n".join(out)
@@ -220,7 +224,7 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.3, help="the puppet's seconds before each answer")
     parser.add_argument("--rounds", type=int, default=16, help="rounds per conversation before an agent starts a new one")
     parser.add_argument("--queue-size", type=int, default=4, help="summary.queue_size (small, so it fills)")
-    parser.add_argument("--warmup", type=float, default=0.25, help="share of the run before RSS is baselined (at least 20 s)")
+    parser.add_argument("--warmup", type=float, default=1 / 3, help="share of the run before RSS is baselined (at least 20 s)")
     parser.add_argument("--timeout", type=float, default=120.0, help="client timeout per request")
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--keep", action="store_true")
