@@ -51,7 +51,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     # Smallest views: a summary and a short raw tail once a session passes a third of the budget.
     "economy": {
         "summary_trigger_ratio": 0.35, "sync_compaction_ratio": 0.7, "keep_recent_tokens": 8000,
-        "keep_recent_share": 0.15, "compact_trigger_ratio": 0.4, "view_target_ratio": 0.15,
+        "keep_recent_share": 0.15, "compact_trigger_ratio": 0.3, "view_target_ratio": 0.15,
     },
     # Fit first: old tool payloads go early (they are recoverable), conversation is summarised
     # only down to a large raw tail, and a request that fits is not made to wait for a summary.

@@ -115,7 +115,10 @@ async def browser(chromium_path, tmp_path):
 
 
 async def test_inspector_page_renders_a_session_timeline(start_gateway, browser, tmp_path):
-    gw = await start_gateway(server={"admin_token": TOKEN})
+    # Summaries only when placeholders pile up, so the newest view shows both summary and placeholders.
+    gw = await start_gateway(server={"admin_token": TOKEN},
+                             policy={"profile": "economy", "summary_trigger_ratio": 0.6, "sync_compaction_ratio": 0.9,
+                                     "view_target_ratio": 0.05})
     session, history, _, record = await long_session(gw)
     # One recall round, so the timeline has gateway-made side events to show.
     history.append({"role": "user", "content": f"RECALL: {session.facts[0].question}"})
@@ -151,7 +154,7 @@ async def test_inspector_page_renders_a_session_timeline(start_gateway, browser,
     # The exact projected view, on demand.
     await browser.evaluate("[...document.querySelectorAll('button')].find(b => b.textContent.includes('projected view')).click()")
     assert await browser.wait_for("document.querySelectorAll('#view .msg').length") >= 3
-    assert "<session_summary>" in await browser.evaluate("document.querySelector('#view .msg pre').textContent")
+    assert "<session_summary>" in await browser.evaluate("[...document.querySelectorAll('#view .msg pre')].map(p => p.textContent).join(' ')")
 
     # Back to the session list (the token stays in this tab's sessionStorage).
     await browser.send("Page.navigate", url=f"{gw.root}/admin/ui")
