@@ -1,4 +1,11 @@
-"""The one middleware that renders every error as the OpenAI envelope (see errors.py)."""
+"""The one middleware that renders every error as the OpenAI envelope (see errors.py).
+
+Only while nothing has been sent: once a handler has started its response, a second one
+cannot follow on the same connection (the client would wait for the rest of the first). The
+handlers that stream end their own streams with an error event (``gateway.http.sse``); as a
+last resort an error that still escapes after the start is re-raised, and aiohttp closes the
+connection, so the client sees the cut instead of hanging.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +28,9 @@ async def error_middleware(request: web.Request, handler):
     except GatewayError as exc:
         if isinstance(exc, (UpstreamUnreachable, UpstreamTimeout)):
             request.app[METRICS].upstream_error(kind="timeout" if isinstance(exc, UpstreamTimeout) else "unreachable")
+        if _started(request):
+            log.warning("error after the response started; closing the connection", extra={"fields": {"error": type(exc).__name__}})
+            raise
         return error_response(exc.status, exc.message, exc.type, exc.param, exc.code)
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -35,4 +45,11 @@ async def error_middleware(request: web.Request, handler):
     except Exception:
         # Never the message text or credentials: only the route and the exception type/trace.
         log.exception("unhandled error on %s %s", request.method, request.path)
+        if _started(request):
+            raise
         return error_response(500, "The gateway failed to handle this request.", "api_error", None, "internal_error")
+
+
+def _started(request: web.Request) -> bool:
+    writer = request.writer
+    return writer is not None and writer.output_size > 0

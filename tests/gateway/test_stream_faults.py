@@ -316,3 +316,32 @@ async def test_lost_recall_audit_trail_is_logged_and_counted(gw, relay, monkeypa
     records = [r for r in caplog.records if r.getMessage() == "recording recall calls failed"]
     assert len(records) == rounds and records[0].fields["error"] == "OSError"
     assert not any("DEP-4711" in r.getMessage() or "DEP-4711" in str(getattr(r, "fields", "")) for r in caplog.records)
+
+
+async def test_error_escaping_a_started_response_closes_the_connection():
+    """The middleware's last resort: a handler that started its response and then raised gets
+    its connection closed, instead of a second response the client would wait on."""
+    from gateway.http.errors import UpstreamTimeout
+    from gateway.http.middleware import error_middleware
+    from gateway.ops.metrics import Metrics
+
+    async def careless(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(_chunk("partial "))
+        raise UpstreamTimeout("stalled")
+
+    app = web.Application(middlewares=[error_middleware])
+    app[METRICS] = Metrics()
+    app.router.add_get("/stream", careless)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)) as s:
+            with pytest.raises(aiohttp.ClientPayloadError):
+                async with s.get(f"http://127.0.0.1:{runner.addresses[0][1]}/stream") as r:
+                    assert r.status == 200
+                    await r.read()
+    finally:
+        await runner.cleanup()
