@@ -414,6 +414,34 @@ def test_compacted_sessions_with_hostile_tails(corpus):
     corpus.assert_clean("compacted")
 
 
+def test_concurrent_branches_big_and_small_on_one_session(corpus):
+    """Forty clients at once on one session, each on its own branch, some with bodies big enough
+    to be parsed and projected off the event loop: the ledger is shared by the loop and worker
+    threads, and must come out of it whole (checked after the corpus)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    big_output = "line of tool output with DEP-12345 and more words\n" * 14_000  # ~700 KB
+    base = _long_history(12)
+
+    def one(i: int) -> None:
+        http = Http(corpus.rig.url)
+        try:
+            messages = base + [{"role": "user", "content": f"branch {i}: " + ("go on" if i % 4 else "RECALL: which DEP?")}]
+            if i % 5 == 0:
+                messages[-3] = {**messages[-3], "content": big_output}  # a big tool result on this branch
+            body = dumps({"model": "fake-8k", "messages": messages, "stream": i % 2 == 0})
+            for _ in range(3):
+                status, headers, payload = http.request("POST", "/v1/chat/completions", body, {"X-Session-Id": "concurrent", "Content-Type": "application/json"})
+                corpus.sent += 1
+                corpus.check("/v1/chat/completions", status, headers, payload, body)
+        finally:
+            http.close()
+
+    with ThreadPoolExecutor(max_workers=40) as pool:
+        list(pool.map(one, range(40)))
+    corpus.assert_clean("concurrent")
+
+
 def test_big_bodies(corpus):
     """The sizes the issue names, a handful each: 10k messages, 10 MB single messages (plain,
     streaming, as parts, as a tool result), bodies over the size limit, and 100k-deep JSON."""
