@@ -202,3 +202,14 @@ def test_both_backends_implement_the_store_interfaces(stores):
     assert isinstance(ledger, LedgerStore) and isinstance(checkpoints, CheckpointStore)
     assert ledger.blocking is (stores.kind == "postgres") and checkpoints.blocking is (stores.kind == "postgres")
     ledger.ping()
+
+
+def test_path_to_walks_up_to_the_root(stores):
+    ledger, _ = stores()
+    ref = SessionRef("t", "path")
+    ids = ledger.sync(ref, CONVERSATION).ids
+    edited = CONVERSATION[:2] + [{"role": "user", "content": "other branch"}]
+    other = ledger.sync(ref, edited).ids
+    assert [e.id for e in ledger.path_to(ref.key, ids[-1])] == ids
+    assert [e.id for e in ledger.path_to(ref.key, other[-1])] == other
+    assert ledger.path_to(ref.key, "ev_missing") == []
