@@ -1,35 +1,70 @@
-"""Typed application keys for what the app shares between handlers (no module globals)."""
+"""Typed application keys: what the app shares between handlers (no module globals).
+
+Each key is typed against what its readers use, not against an implementation: the stores
+against the Protocols in ``store/interfaces.py`` (embedded or PostgreSQL backends fit alike),
+the gateway's own collaborators against the small Protocols below. ``gateway/app.py``, the
+composition root, is the one place that creates the concrete objects and puts them here
+(docs/architecture.md, "The rooms").
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
+from store.interfaces import CheckpointStore, LedgerStore, SearchIndex, TurnLogStore
+
 if TYPE_CHECKING:
-    from gateway.chat.pipeline import ChatPipeline
     from gateway.http.identity import Identity
+    from gateway.http.upstream import Upstream
     from gateway.ops.metrics import Metrics
     from gateway.settings import Settings
-    from gateway.jobs.indexer import Indexer
-    from gateway.jobs.summarizer import Summarizer
-    from gateway.http.upstream import Upstream
     from policies import TokenCounter
-    from store.checkpoints import DiskCheckpoints
-    from store.ledger import Ledger
-    from store.turns import TurnLog
 
-SETTINGS: web.AppKey["Settings"] = web.AppKey("settings")
-UPSTREAM: web.AppKey["Upstream"] = web.AppKey("upstream")
-METRICS: web.AppKey["Metrics"] = web.AppKey("metrics")
-LEDGER: web.AppKey["Ledger"] = web.AppKey("ledger")
-IDENTITY: web.AppKey["Identity"] = web.AppKey("identity")
-PIPELINE: web.AppKey["ChatPipeline"] = web.AppKey("pipeline")
-CHECKPOINTS: web.AppKey["DiskCheckpoints"] = web.AppKey("checkpoints")
-COUNTER: web.AppKey["TokenCounter"] = web.AppKey("counter")
-SUMMARIZER: web.AppKey["Summarizer"] = web.AppKey("summarizer")
-INDEXER: web.AppKey["Indexer"] = web.AppKey("indexer")
-TURNS: web.AppKey["TurnLog"] = web.AppKey("turns")
+
+class ChatHandler(Protocol):
+    """POST /v1/chat/completions (``gateway.chat.pipeline.ChatPipeline``)."""
+
+    views: Any  # the view builder; the inspector wraps a read-only copy of it
+
+    async def handle(self, request: web.Request) -> web.StreamResponse: ...
+
+
+class SummaryJobs(Protocol):
+    """The summary job queue (``gateway.jobs.summarizer.Summarizer``)."""
+
+    @property
+    def idle(self) -> bool: ...
+
+    def after_turn(self, turn: Any, answer_event: Any) -> None: ...
+
+    async def close(self, timeout: float) -> None: ...
+
+
+class IndexKeeper(Protocol):
+    """Keeps the recall index caught up with the ledger (``gateway.jobs.indexer.Indexer``)."""
+
+    async def opened(self) -> SearchIndex: ...
+
+    async def catch_up(self, session_key: str) -> int: ...
+
+    def schedule(self, session_key: str) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+SETTINGS: web.AppKey[Settings] = web.AppKey("settings")
+UPSTREAM: web.AppKey[Upstream] = web.AppKey("upstream")
+METRICS: web.AppKey[Metrics] = web.AppKey("metrics")
+IDENTITY: web.AppKey[Identity] = web.AppKey("identity")
+COUNTER: web.AppKey[TokenCounter] = web.AppKey("counter")
+LEDGER: web.AppKey[LedgerStore] = web.AppKey("ledger")
+CHECKPOINTS: web.AppKey[CheckpointStore] = web.AppKey("checkpoints")
+TURNS: web.AppKey[TurnLogStore] = web.AppKey("turns")
+PIPELINE: web.AppKey[ChatHandler] = web.AppKey("pipeline")
+SUMMARIZER: web.AppKey[SummaryJobs] = web.AppKey("summarizer")
+INDEXER: web.AppKey[IndexKeeper] = web.AppKey("indexer")
 
 # Per-request facts the access log reports (never message text).
 REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id", str)

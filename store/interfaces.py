@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from store.checkpoints import Checkpoint
     from store.index import Hit, IndexedEvent
     from store.ledger import Event, PathSync, SessionRecord, SessionRef
+    from store.turns import TurnBasis
 
 
 @runtime_checkable
@@ -159,5 +160,25 @@ class SearchIndex(Protocol):
     async def reset(self) -> None:
         """Drop every session's index (``palimpsest reindex``)."""
         ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class TurnLogStore(Protocol):
+    """What each answered request was built on (``store.turns``): written by the gateway's
+    ``TurnRecorder``, read by the inspector (docs/architecture.md, "Inspection")."""
+
+    def add(self, basis: TurnBasis) -> None:
+        """Remember one request's basis (buffered: it reaches the store with the next `flush`)."""
+        ...
+
+    def flush(self) -> None: ...
+
+    def session(self, session_key: str) -> list[TurnBasis]:
+        """Every recorded request of the session, oldest first."""
+        ...
+
+    def delete_session(self, session_key: str) -> int: ...
 
     def close(self) -> None: ...

@@ -12,6 +12,7 @@ from store import interfaces
 from store.checkpoints import DiskCheckpoints
 from store.index import SearchIndex
 from store.ledger import Ledger
+from store.turns import TurnLog
 
 
 def _methods(proto: type) -> list[str]:
@@ -22,6 +23,7 @@ def _methods(proto: type) -> list[str]:
     (interfaces.LedgerStore, Ledger),
     (interfaces.CheckpointStore, DiskCheckpoints),
     (interfaces.SearchIndex, SearchIndex),
+    (interfaces.TurnLogStore, TurnLog),
 ])
 def test_backend_implements_protocol(proto: type, impl: type) -> None:
     for name in _methods(proto):
@@ -34,13 +36,15 @@ def test_backend_implements_protocol(proto: type, impl: type) -> None:
 
 
 def test_protocols_open_instances(tmp_path) -> None:
-    ledger, checkpoints = Ledger(tmp_path), DiskCheckpoints(tmp_path)
+    ledger, checkpoints, turns = Ledger(tmp_path), DiskCheckpoints(tmp_path), TurnLog(tmp_path)
     try:
         assert isinstance(ledger, interfaces.LedgerStore)
         assert isinstance(checkpoints, interfaces.CheckpointStore)
+        assert isinstance(turns, interfaces.TurnLogStore)
     finally:
         ledger.close()
         checkpoints.close()
+        turns.close()
 
 
 def test_importing_interfaces_is_cheap() -> None:
