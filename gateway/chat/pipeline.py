@@ -95,6 +95,8 @@ class ChatPipeline:
                 "tokens_client": view.client_tokens, "tokens_upstream": view.upstream_tokens,
                 "upstream_ms": round(timing.upstream * 1000, 2), "recall_calls": turn.recall_calls,
             }
+            if turn.failure is not None:  # the status line said 200; the stream ended with this error
+                request[LOG_FIELDS]["stream_error"] = turn.failure.code
 
     # -- forwarding ------------------------------------------------------------------------
 
