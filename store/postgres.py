@@ -53,7 +53,8 @@ def _event(row) -> Event:
 
 
 def open_pool(url: str, *, max_size: int = 10) -> ConnectionPool:
-    pool = ConnectionPool(url, min_size=1, max_size=max_size, open=True, name="palimpsest",
+    # timeout: a request (or /readyz) waits at most 5 s for a connection while the database is away.
+    pool = ConnectionPool(url, min_size=1, max_size=max_size, open=True, name="palimpsest", timeout=5,
                           kwargs={"autocommit": False})
     pool.wait(timeout=10)
     with pool.connection() as conn:

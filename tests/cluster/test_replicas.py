@@ -165,3 +165,28 @@ async def test_views_and_summaries_match_a_single_replica_run(start_gateway, sha
     assert sprayed_cps == alone_cps
     assert [p for p, _ in sprayed] == [p for p, _ in alone]  # same summary calls at the same points
     assert sprayed == alone
+
+
+async def test_readiness_follows_the_database(start_gateway, shared_store, postgres, pg_url):
+    import psycopg
+
+    (gw,) = await replicas(start_gateway, shared_store, n=1)
+    db = pg_url.rsplit("/", 1)[1]
+
+    async def ready() -> int:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{gw.root}/readyz") as r:
+                return r.status
+
+    assert await ready() == 200
+    with psycopg.connect(postgres["admin"], autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE {db} ALLOW_CONNECTIONS false")
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (db,))
+    assert await ready() == 503
+    with psycopg.connect(postgres["admin"], autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE {db} ALLOW_CONNECTIONS true")
+    for _ in range(50):
+        if await ready() == 200:
+            break
+        await asyncio.sleep(0.2)
+    assert await ready() == 200
