@@ -1,0 +1,245 @@
+"""The dependency rules of docs/architecture.md ("Dependency rules"), checked on the source.
+
+An AST import graph over gateway/, policies/, store/ and simulator/: module-level imports (those
+that run when the module is imported; imports inside functions and under ``if TYPE_CHECKING``
+are not edges of a cycle) must not form a cycle; policies/ stays pure; store/ does not know
+the gateway; nobody imports or reads another module's private names; modules stay small.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("gateway", "policies", "store", "simulator")
+MAX_LINES = 450  # "~400": a module past this must be split
+# Third-party modules that are optional extras: a module needing them is skipped when absent.
+OPTIONAL = ("psycopg", "psycopg_pool", "boto3", "moto")
+
+
+@dataclass
+class Module:
+    name: str
+    path: Path
+    tree: ast.Module
+    runtime: set[str] = field(default_factory=set)  # project modules imported at import time
+    every: set[str] = field(default_factory=set)  # every module named anywhere (any level)
+    private: list[str] = field(default_factory=list)  # private names reached in other modules
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _resolve(module: Module, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    package = module.name.split(".")
+    if module.path.name != "__init__.py":
+        package = package[:-1]
+    base = package[: len(package) - (node.level - 1)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def _targets(module: Module, node: ast.stmt, known: set[str]) -> list[tuple[str, list[str]]]:
+    """(imported module, names taken from it) for an import statement."""
+    if isinstance(node, ast.Import):
+        return [(alias.name, []) for alias in node.names]
+    assert isinstance(node, ast.ImportFrom)
+    base = _resolve(module, node)
+    out = []
+    for alias in node.names:
+        sub = f"{base}.{alias.name}"
+        out.append((sub, []) if sub in known else (base, [alias.name]))
+    return out
+
+
+def _walk_imports(module: Module, known: set[str]) -> None:
+    aliases: dict[str, str] = {}
+
+    def visit(nodes, runtime: bool) -> None:
+        for node in nodes:
+            if isinstance(node, ast.If) and _is_type_checking(node):
+                visit(node.body, False)
+                visit(node.orelse, runtime)
+                continue
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for target, names in _targets(module, node, known):
+                    module.every.add(target)
+                    if runtime and target in known and target != module.name:
+                        module.runtime.add(target)
+                    if target in known and target != module.name:
+                        module.private += [f"{target}.{n}" for n in names if n.startswith("_") and not n.startswith("__")]
+                if isinstance(node, ast.Import):
+                    for alias in node.names:
+                        if alias.name in known:
+                            aliases[alias.asname or alias.name] = alias.name
+                else:
+                    for alias in node.names:
+                        sub = f"{_resolve(module, node)}.{alias.name}"
+                        if sub in known:
+                            aliases[alias.asname or alias.name] = sub
+                continue
+            # Module-level code that runs at import: class bodies, if/try/with blocks.
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                visit(_body_imports(node), False)
+                continue
+            children = []
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.stmt):
+                    children.append(child)
+                elif isinstance(child, ast.excepthandler):
+                    children += child.body
+            visit(children, runtime)
+
+    visit(module.tree.body, True)
+    # `alias._private` where alias names another project module.
+    for node in ast.walk(module.tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            target = aliases.get(node.value.id)
+            if target and target != module.name and node.attr.startswith("_") and not node.attr.startswith("__"):
+                module.private.append(f"{target}.{node.attr}")
+
+
+def _body_imports(func: ast.AST) -> list[ast.stmt]:
+    return [n for n in ast.walk(func) if isinstance(n, (ast.Import, ast.ImportFrom))]
+
+
+def _load() -> dict[str, Module]:
+    modules = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            name = _module_name(path)
+            modules[name] = Module(name, path, ast.parse(path.read_text(), str(path)))
+    known = set(modules)
+    for module in modules.values():
+        _walk_imports(module, known)
+    return modules
+
+
+MODULES = _load()
+
+
+def _cycles(modules: dict[str, Module]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def strongconnect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(modules[v].runtime):
+            # Importing a submodule runs its package's __init__ first; that is not an edge back.
+            if w not in index:
+                strongconnect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(modules):
+        if v not in index:
+            strongconnect(v)
+    return found
+
+
+def test_the_graph_sees_the_imports():
+    pipeline = MODULES["gateway.chat.pipeline"]
+    assert {"gateway.chat.views", "gateway.http.errors", "gateway.keys"} <= pipeline.runtime
+    assert "gateway.ops.metrics" not in MODULES["gateway.ops.inspection"].runtime
+
+
+def test_no_import_cycles():
+    assert _cycles(MODULES) == []
+
+
+def test_cycle_detection_works():
+    a = Module("a", ROOT, ast.parse(""), runtime={"b"})
+    b = Module("b", ROOT, ast.parse(""), runtime={"a"})
+    assert _cycles({"a": a, "b": b}) == [["a", "b"]]
+
+
+def test_policies_are_pure():
+    forbidden = ("gateway", "store", "simulator", "aiohttp", "httpx", "requests", "sqlite3", "diskcache", "lancedb",
+                 "socket", "asyncio", "time", "datetime", "random", "os", "subprocess")
+    offenders = {m.name: sorted(t for t in m.every if t.split(".")[0] in forbidden)
+                 for m in MODULES.values() if m.name.split(".")[0] == "policies"}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_store_does_not_know_the_gateway():
+    offenders = {m.name: sorted(t for t in m.every if t.split(".")[0] in ("gateway", "simulator"))
+                 for m in MODULES.values() if m.name.split(".")[0] == "store"}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_gateway_runtime_does_not_depend_on_the_simulator():
+    allowed = {"gateway.cli.demo", "gateway.cli.main"}  # `palimpsest demo` / `simulate` run it
+    offenders = {m.name: sorted(t for t in m.every if t.split(".")[0] == "simulator")
+                 for m in MODULES.values() if m.name.split(".")[0] == "gateway" and m.name not in allowed}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_no_reach_into_another_modules_private_names():
+    offenders = {m.name: m.private for m in MODULES.values() if m.private}
+    assert offenders == {}
+
+
+def test_modules_stay_small():
+    sizes = {m.name: len(m.path.read_text().splitlines()) for m in MODULES.values()}
+    assert {name: n for name, n in sizes.items() if n > MAX_LINES} == {}
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_every_module_imports(name):
+    if name.endswith("__main__"):
+        pytest.skip("runs the CLI")
+    missing = [dep for dep in OPTIONAL if dep in MODULES[name].every and importlib.util.find_spec(dep) is None]
+    if missing:
+        pytest.skip(f"optional dependency not installed: {', '.join(missing)}")
+    importlib.import_module(name)
+
+
+def _synthetic(name: str, source: str, known: set[str]) -> Module:
+    module = Module(name, ROOT / (name.replace(".", "/") + ".py"), ast.parse(source))
+    _walk_imports(module, known)
+    return module
+
+
+def test_the_checks_catch_what_they_forbid():
+    known = {"store", "store.ledger", "gateway", "gateway.keys", "policies", "policies.x"}
+    reach = _synthetic("gateway.keys", "from store.ledger import _event\nimport store.ledger as l\nl._db\n", known)
+    assert reach.private == ["store.ledger._event", "store.ledger._db"]
+    lazy = _synthetic("policies.x", "def f():\n    import aiohttp\n    from gateway import keys\n", known)
+    assert {"aiohttp", "gateway.keys"} <= lazy.every and lazy.runtime == set()
+    typing_only = _synthetic("store.ledger", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gateway.keys import X\n"
+                             "try:\n    import gateway.keys\nexcept ImportError:\n    from store import y\n", known)
+    assert typing_only.runtime == {"gateway.keys", "store"}
