@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import shutil
 import sys
 import tempfile
@@ -36,6 +37,13 @@ __all__ = ["run_demo"]
 
 MODEL = "fake-32k"
 WINDOW = 32_000
+# The cheapest views: summaries start at ~35% of the budget, so a short demo shows every
+# mechanism (compaction, checkpoints, recall); `balanced`, the default, keeps conversation raw
+# longer (README, "Policies").
+PROFILE = "economy"
+# The bundled session scripts the simulated model with directives; an answer quoting an old
+# message shows them, so the demo's answer line leaves them out.
+DIRECTIVE = re.compile(r"\s*\[\[(?:call|parallel|fail|sleep|stall)\b.*?\]\]", re.S)
 SESSION_ID = "demo-agent"
 CLIENT_KEY = "sk-demo-offline"  # the puppet accepts any key; nothing leaves this machine
 BAR_WIDTH = 30
@@ -81,8 +89,8 @@ TABLE_HEADER = f"{'turn':>5}  {'client prompt':>13}  {'upstream prompt':>15}  {'
 
 
 class Progress:
-    """A plain-text progress bar on stderr: redrawn in place on a terminal, a line per tenth
-    otherwise (so logs and CI output stay readable)."""
+    """A plain-text progress bar on stderr: redrawn in place on a terminal (erased before each
+    table row is printed), a single line at the end otherwise (so logs stay readable)."""
 
     def __init__(self, total: int, stream: TextIO) -> None:
         self.total = total
@@ -98,10 +106,9 @@ class Progress:
         if self.tty:
             self.stream.write("\r" + self._bar(done))
         else:
-            step = max(1, self.total // 10)
-            if done != self.total and done % step:
-                return
-            if done == self._shown:
+            # Not a terminal (a log, a pipe, 2>&1): the table rows are the progress; one line
+            # at the end, so nothing lands between them.
+            if done != self.total or done == self._shown:
                 return
             self.stream.write(self._bar(done) + "\n")
         self._shown = done
@@ -161,6 +168,7 @@ async def _start_gateway(upstream_url: str, store: str) -> tuple[web.AppRunner, 
         upstream={"base_url": upstream_url},
         store={"path": store},
         models={MODEL: {"context_window": WINDOW}},
+        policy={"profile": PROFILE},
         server={"shutdown_timeout_s": 10.0},
     )
     app = create_app(settings)
@@ -188,6 +196,7 @@ async def _demo(rounds: int, store: str, out: TextIO, err: TextIO) -> int:
         print(f"  upstream  {SIMULATED_NOTICE}", file=out)
         print(f"            {puppet_url}  (model {MODEL}, window {WINDOW:,} tokens)", file=out)
         print(f"  gateway   {gateway_url}  (store {store})", file=out)
+        print(f"            policy profile {PROFILE}: summaries early, so a short session shows them", file=out)
         print(f"  agent     official openai SDK replaying a bundled {rounds}-round coding session", file=out)
         print("            (each round: a user step, a tool call, a 300-2,500 token tool result, an answer)\n", file=out)
         # trust_env=False: an HTTP(S)_PROXY in the environment must not capture loopback calls.
@@ -301,7 +310,7 @@ def _where_in_view(messages: list[dict], value: str) -> str:
 
 
 def _excerpt(text: str, needle: str, width: int = 90) -> str:
-    text = " ".join(text.split())
+    text = " ".join(DIRECTIVE.sub("", text).split())
     at = text.find(needle)
     if at < 0 or len(text) <= 2 * width:
         return text if len(text) <= 2 * width else text[: 2 * width] + " …"

@@ -41,6 +41,11 @@ def test_demo_replays_a_long_session_and_recalls_an_early_fact():
     # The progress bar goes to stderr, finished; stdout stays a clean table.
     assert "25/25 rounds" in done.stderr and "rounds" not in "".join(l for l in out.splitlines() if ROW.match(l))
     assert "Traceback" not in done.stderr
+    # Not a terminal: one progress line at the end, none between the rows (2>&1 stays a table).
+    assert [l for l in done.stderr.splitlines() if "rounds" in l] == ["[" + "#" * 30 + "] 25/25 rounds"]
+    # The answer line quotes the recalled message without the simulator's directives.
+    answer = next(l for l in out.splitlines() if l.strip().startswith("answer:"))
+    assert "[[" not in answer and fact.answer in answer
     # The temporary store is gone.
     store = re.search(r"\(store (\S+)\)", out).group(1)
     assert not Path(store).exists()
