@@ -374,6 +374,28 @@ def test_passthrough_routes(corpus):
     corpus.assert_clean("passthrough")
 
 
+def test_compressed_request_bodies(corpus):
+    """Content-Encoding on a request body: aiohttp decodes it for the gateway, so whatever goes
+    upstream must not still claim to be gzip (nor carry the compressed length); undecodable
+    bodies are the client's error (400), not the gateway's (500)."""
+    import gzip
+
+    plain = b'{"model": "fake-32k", "messages": [{"role": "user", "content": "zipped"}]}'
+    zipped = gzip.compress(plain)
+    headers = {"Content-Encoding": "gzip", "X-Session-Id": "zipped"}
+    status, _, payload = corpus.http.request("POST", "/v1/chat/completions", zipped, {"Content-Type": "application/json", **headers})
+    corpus.sent += 1
+    assert status == 200, payload[:300]
+    assert orjson.loads(payload)["choices"][0]["message"]["content"] == "ok: zipped"
+    status, _, payload = corpus.http.request("POST", "/v1/echo", zipped, {"Content-Type": "application/json", **headers})
+    corpus.sent += 1
+    assert status == 200, payload[:300]
+    assert orjson.loads(payload)["body_len"] == len(plain)  # the upstream got the body, whole and decodable
+    status, _, payload = corpus.http.request("POST", "/v1/chat/completions", b"0123456789", {"Content-Type": "application/json", **headers})
+    corpus.sent += 1
+    assert status == 400 and _is_envelope(payload), (status, payload[:300])
+
+
 def _long_history(rounds: int = 30) -> list[dict]:
     """A valid agent session well over fake-8k's window: the gateway must compact it, offer its
     recall tools and (for RECALL: questions) run the recall loop."""
