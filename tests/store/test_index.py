@@ -103,6 +103,40 @@ async def test_excluded_events_are_skipped_and_limit_still_filled(index):
     assert all(hit.event_id.startswith("g") for hit in hits)
 
 
+async def test_search_within_a_branch_never_returns_the_other_branch(index):
+    # Two conversations in one session share an opening; the other branch holds the best match
+    # by far, and many of its events outrank everything on ours.
+    opening = [IndexedEvent("hi", 0, "user", 0.0, "Hi"), IndexedEvent("hello", 1, "assistant", 1.0, "Hello!", "hi")]
+    theirs = [IndexedEvent(f"t{n}", 2 + n, "user", 2.0 + n, f"my bank PIN is 44{n:02d} for account {n}", "hello")
+              for n in range(60)]
+    ours = [IndexedEvent("o1", 70, "user", 70.0, "I keep my bank statements in the blue folder.", "hello")]
+    await index.add("s", opening + theirs + ours + noise(50, start=100))
+
+    path = frozenset({"hi", "hello", "o1"})
+    hits = await index.search("s", "what is my bank PIN", limit=5, within=path)
+
+    assert hits and hits[0].event_id == "o1"
+    assert {hit.event_id for hit in hits} <= path
+    assert await index.search("s", "what is my bank PIN", within=frozenset()) == []
+
+
+async def test_neighbour_borrowing_lifts_a_retrieved_answer_to_a_matching_question(index):
+    from store.ranking import Ranking
+
+    events = [
+        IndexedEvent("q", 0, "user", 0.0, "Which hiking trail did you recommend near Lake Bled?"),
+        IndexedEvent("a", 1, "assistant", 1.0, "Try the Vintgar Gorge hiking walk: two hours, gentle.", "q"),
+    ] + noise(80, start=2)
+    await index.add("s", events)
+
+    plain = await index.search("s", "hiking trail recommended near Lake Bled", limit=5, ranking=Ranking(neighbour=0.0))
+    lifted = await index.search("s", "hiking trail recommended near Lake Bled", limit=5, ranking=Ranking(neighbour=0.5))
+
+    score = lambda hits, eid: next((h.score for h in hits if h.event_id == eid), 0.0)  # noqa: E731
+    assert score(lifted, "a") > score(plain, "a")
+    assert [h.event_id for h in lifted][:2] == ["q", "a"]
+
+
 async def test_add_is_idempotent(index):
     events = noise(20)
 
