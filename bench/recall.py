@@ -275,7 +275,7 @@ def lme_summary(rows: list[dict]) -> dict:
 
 
 async def longmemeval(args, cases: list[dict], tool_times: dict) -> tuple[list[dict], Bench]:
-    bench = await Bench.start(recall=args.recall_settings)
+    bench = await Bench.start(recall=args.recall_settings, **args.policy_settings)
     wrap_tools(bench, tool_times)
     client = Client(bench.gateway.base_url)
     rows = []
@@ -316,7 +316,7 @@ def wrap_tools(bench: Bench, tool_times: dict[str, list[float]]) -> None:
 
 
 async def planted(args, tool_times: dict) -> list[dict]:
-    bench = await Bench.start(recall=args.recall_settings)
+    bench = await Bench.start(recall=args.recall_settings, **args.policy_settings)
     wrap_tools(bench, tool_times)
     client = Client(bench.gateway.base_url)
     rows = []
@@ -620,6 +620,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="seconds per summary call the gateway assumes before each arrival (its own "
                         "prior); 0 = keep what it learnt from the instant puppet (arrivals then get "
                         "summarised synchronously)")
+    parser.add_argument("--profile", choices=("economy", "balanced", "fidelity"), default=None,
+                        help="policy profile of the gateway (default: the gateway's)")
     parser.add_argument("--auto-tokens", type=int, default=None,
                         help="recall.auto_tokens of the gateway (proactive recall; default: the gateway's)")
     parser.add_argument("--passage-tokens", type=int, default=None,
@@ -642,6 +644,7 @@ def main(argv: list[str] | None = None) -> None:
     args.arrival_prior = args.arrival_prior or None
     args.recall_settings = {k: v for k, v in (("auto_tokens", args.auto_tokens),
                                                ("passage_tokens", args.passage_tokens)) if v is not None}
+    args.policy_settings = {"policy": {"profile": args.profile}} if args.profile else {}
     if args.embeddings_url:
         args.recall_settings.update(embeddings_url=args.embeddings_url, embeddings_model="all-MiniLM-L6-v2",
                                     embeddings_dim=args.embeddings_dim)
