@@ -62,6 +62,8 @@ async def fault_upstream(request: web.Request) -> web.StreamResponse:
     request.app[RECEIVED].append({"model": body.get("model"), "stream": bool(body.get("stream")),
                                   "headers": dict(request.headers)})
     fault, stream = body["model"], bool(body.get("stream"))
+    if fault.startswith("recall-"):
+        return await recall_fault(request, body, fault, stream)
     if fault.startswith("status-"):
         status = int(fault.removeprefix("status-"))
         envelope = {"error": {"message": f"{ERROR_MARKER} {status}", "type": "server_error", "param": None, "code": f"c{status}"}}
@@ -118,6 +120,35 @@ async def fault_upstream(request: web.Request) -> web.StreamResponse:
     raise web.HTTPNotFound()
 
 
+async def recall_fault(request: web.Request, body: dict, fault: str, stream: bool) -> web.StreamResponse:
+    """A model that asks the gateway's recall tool first, then fails on the round after it."""
+    if request.headers.get("x-palimpsest-purpose") == "summary":
+        return web.json_response({"error": {"message": "no summaries here", "type": "server_error", "param": None, "code": None}}, status=503)
+    search = next((t["function"]["name"] for t in body.get("tools") or () if "session_search" in t["function"]["name"]), None)
+    last = body["messages"][-1]
+    if last.get("role") == "user" and search is not None:
+        call = {"id": "call_recall_1", "type": "function", "function": {"name": search, "arguments": '{"query": "deploy id"}'}}
+        if not stream:
+            return web.json_response({"id": "chatcmpl-r", "object": "chat.completion", "created": 1, "model": fault,
+                                      "choices": [{"index": 0, "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                                                   "finish_reason": "tool_calls"}]})
+        response = await _sse(request)
+        event = {"id": "chatcmpl-r", "object": "chat.completion.chunk", "created": 1, "model": fault,
+                 "choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [{"index": 0, **call}]}, "finish_reason": None}]}
+        await response.write(b"data: " + orjson.dumps(event) + b"\n\n")
+        await response.write(_chunk(finish="tool_calls"))
+        await response.write(b"data: [DONE]\n\n")
+        return response
+    if fault == "recall-500":
+        return web.json_response({"error": {"message": f"{ERROR_MARKER} round 2", "type": "server_error", "param": None, "code": "c500"}}, status=500)
+    # recall-reset: the second round starts answering, then the connection drops
+    response = await _sse(request)
+    await response.write(_chunk(role=True, content="partial "))
+    await asyncio.sleep(0.05)
+    request.transport.abort()
+    return response
+
+
 @pytest.fixture
 async def fault_url():
     app = web.Application()
@@ -145,9 +176,9 @@ async def gw(start_gateway, fault_url):
     return await start_gateway(upstream={"base_url": url, **_timeouts(GATEWAY_TIMEOUT_S)})
 
 
-def sdk(gateway, session: str = "faults") -> openai.AsyncOpenAI:
+def sdk(gateway, session: str = "faults", timeout: float = CLIENT_TIMEOUT_S) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=gateway.base_url, api_key="sk-fault-test", max_retries=0,
-                              timeout=CLIENT_TIMEOUT_S, default_headers={"X-Session-Id": session})
+                              timeout=timeout, default_headers={"X-Session-Id": session})
 
 
 MESSAGES = [{"role": "user", "content": "hello upstream"}]
@@ -352,3 +383,63 @@ async def test_client_gone_mid_stream_cancels_the_upstream_call_and_stores_nothi
     finally:
         await client.close()
     assert answer.choices[0].message.content == "ok: still there?"
+
+
+# -- a later recall round fails ------------------------------------------------------------------
+
+RECALL_WINDOW = 8_000
+# The first search of a process opens the recall index (LanceDB, WordLlama): seconds, not a hang.
+RECALL_CLIENT_TIMEOUT_S = 30.0
+
+
+def _long_session() -> list[dict]:
+    messages: list[dict] = []
+    for r in range(24):
+        messages += [{"role": "user", "content": f"step {r}: note DEP-{r:05d} and read the logs"},
+                     {"role": "assistant", "content": "log: " + " ".join(f"entry-{r}-{k} ok" for k in range(150))}]
+    return messages + [{"role": "user", "content": "what was the first deploy id?"}]
+
+
+@pytest.fixture
+async def recall_gw(start_gateway, fault_url):
+    url, _ = fault_url
+    models = {name: {"context_window": RECALL_WINDOW} for name in ("recall-500", "recall-reset")}
+    return await start_gateway(upstream={"base_url": url, **_timeouts(GATEWAY_TIMEOUT_S)}, models=models)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_recall_round_two_error_status_reaches_the_client(recall_gw, fault_url, stream):
+    client = sdk(recall_gw, "recall-faults", RECALL_CLIENT_TIMEOUT_S)
+    started = time.perf_counter()
+    try:
+        with pytest.raises(openai.APIError) as info:
+            result = await client.chat.completions.create(model="recall-500", messages=_long_session(), stream=stream)
+            if stream:
+                async for _ in result:
+                    pass
+    finally:
+        await client.close()
+    assert time.perf_counter() - started < RECALL_CLIENT_TIMEOUT_S
+    rounds = [r for r in fault_url[1] if r["model"] == "recall-500" and r["headers"].get("x-palimpsest-purpose") != "summary"]
+    assert len(rounds) == 2, "the recall tool was not offered (history not hidden?) or rounds were retried"
+    error = info.value
+    if isinstance(error, openai.APIStatusError):  # before the stream started: the upstream's status and body
+        assert error.status_code == 500 and error.body["message"] == f"{ERROR_MARKER} round 2"
+    else:  # after it started: an error event
+        assert isinstance(error.body, dict) and error.body.get("message"), error
+
+
+async def test_recall_round_two_reset_ends_the_stream_with_an_error_event(recall_gw, fault_url):
+    client = sdk(recall_gw, "recall-reset", RECALL_CLIENT_TIMEOUT_S)
+    started = time.perf_counter()
+    try:
+        with pytest.raises(openai.APIError) as info:
+            result = await client.chat.completions.create(model="recall-reset", messages=_long_session(), stream=True)
+            async for _ in result:
+                pass
+    finally:
+        await client.close()
+    assert time.perf_counter() - started < RECALL_CLIENT_TIMEOUT_S
+    assert not isinstance(info.value, openai.APITimeoutError)
+    assert isinstance(info.value.body, dict) and info.value.body.get("message"), type(info.value)
+    assert not any("partial" in str(m.get("content")) for m in _answers_in_ledger(recall_gw))
