@@ -200,7 +200,7 @@ class Client:
     async def close(self) -> None:
         await self.http.close()
 
-    async def chat(self, body: dict, session_id: str) -> Outcome:
+    async def chat(self, body: dict, session_id: str, *, abort_after_first_chunk: bool = False) -> Outcome:
         headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json", "X-Session-Id": session_id}
         started = time.perf_counter()
         try:
@@ -208,6 +208,10 @@ class Client:
                                       timeout=self.timeout) as response:
                 hdrs = {k.lower(): v for k, v in response.headers.items()}
                 if body.get("stream") and response.status == 200 and "event-stream" in hdrs.get("content-type", ""):
+                    if abort_after_first_chunk:  # the user pressed stop: read one chunk, hang up
+                        await response.content.readany()
+                        response.close()
+                        return Outcome(200, error="aborted by the client", elapsed=time.perf_counter() - started, headers=hdrs)
                     return await self._stream(response, started, hdrs)
                 payload = await response.read()
         except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as exc:

@@ -55,9 +55,11 @@ class Stats:
     rss: list[tuple[float, int]] = field(default_factory=list)  # (seconds since start, bytes)
     queue_depth_max: float = 0.0
     metrics_last: dict[str, float] = field(default_factory=dict)
+    aborted: int = 0
 
 
-async def agent(client: Client, c: int, sessions: int, rounds: int, stop_at: float, stats: Stats, rng: random.Random) -> None:
+async def agent(client: Client, c: int, sessions: int, rounds: int, stop_at: float, stats: Stats, rng: random.Random,
+                abort_share: float) -> None:
     session_id = f"load-{c % sessions}"
     conversation = 0
     while time.monotonic() < stop_at:
@@ -69,14 +71,14 @@ async def agent(client: Client, c: int, sessions: int, rounds: int, stop_at: flo
             if time.monotonic() >= stop_at:
                 return
             history.append({"role": "user", "content": spec["user"]})
-            answer = await one(client, history, session_id, stats, rng)
+            answer = await one(client, history, session_id, stats, rng, abort_share)
             if answer is None:
                 break  # this conversation is broken (counted as an error); start another
             history.append(answer)
             if answer.get("tool_calls"):
                 for call in answer["tool_calls"]:
                     history.append({"role": "tool", "tool_call_id": call["id"], "content": spec["output"]})
-                answer = await one(client, history, session_id, stats, rng)
+                answer = await one(client, history, session_id, stats, rng, abort_share)
                 if answer is None:
                     break
                 history.append(answer)
@@ -84,8 +86,15 @@ async def agent(client: Client, c: int, sessions: int, rounds: int, stop_at: flo
         conversation += 1
 
 
-async def one(client: Client, history: list[dict], session_id: str, stats: Stats, rng: random.Random) -> dict | None:
+async def one(client: Client, history: list[dict], session_id: str, stats: Stats, rng: random.Random,
+              abort_share: float = 0.0) -> dict | None:
     body = {"model": MODEL, "messages": history, "tools": TOOL_SPECS, "stream": rng.random() < 0.5}
+    if body["stream"] and rng.random() < abort_share:
+        # A user who stops the answer after its first chunk, then asks again: the abandoned
+        # stream must cost nothing lasting (connections, tasks, memory).
+        aborted = await client.chat(body, session_id, abort_after_first_chunk=True)
+        if aborted.error == "aborted by the client":
+            stats.aborted += 1
     out = await client.chat(body, session_id)
     if out.message is None:
         key = f"{out.status} {out.error}"
@@ -147,7 +156,8 @@ async def run(args) -> dict:
         started = time.monotonic()
         stop_at = started + args.seconds
         observer = asyncio.create_task(observe(gateway, started, stop_at, stats))
-        agents = [asyncio.create_task(agent(client, c, args.sessions, args.rounds, stop_at, stats, random.Random(args.seed * 7919 + c)))
+        agents = [asyncio.create_task(agent(client, c, args.sessions, args.rounds, stop_at, stats, random.Random(args.seed * 7919 + c),
+                                     args.abort_share))
                   for c in range(args.clients)]
         await asyncio.gather(*agents)
         await observer
@@ -181,7 +191,7 @@ async def run(args) -> dict:
         "summary_dropped": {k.split('reason="', 1)[1].rstrip('"}'): v for k, v in m.items() if k.startswith("palimpsest_summary_jobs_dropped_total{")},
         "summary_enqueued": m.get("palimpsest_summary_jobs_enqueued_total:sum", 0.0),
         "checkpoints_created": m.get("palimpsest_summary_checkpoints_created_total:sum", 0.0),
-        "sigterm_exit": rc,
+        "sigterm_exit": rc, "aborted": stats.aborted,
         "rss_timeline_mb": [(round(t), round(b / 2**20)) for t, b in stats.rss[:: max(1, len(stats.rss) // 12)]],
         "warmup_s": warm,
         "summary_metrics": {k: v for k, v in m.items() if "summary" in k and k.endswith(":sum")},
@@ -208,7 +218,7 @@ def render(r: dict) -> str:
     out.append(f"{r['clients']} clients over {r['sessions']} sessions for {r['seconds']} s: {r['requests']} complete answers "
                f"({r['requests'] / max(1, r['seconds']):.1f}/s), latency p50 {r['latency_p50']:.2f} s p99 {r['latency_p99']:.2f} s; "
                f"summary jobs enqueued {r['summary_enqueued']:.0f}, dropped {r['summary_dropped']}, checkpoints {r['checkpoints_created']:.0f}; "
-               f"SIGTERM exit code {r['sigterm_exit']}")
+               f"{r['aborted']} streams abandoned by their client after the first chunk (then asked again); SIGTERM exit code {r['sigterm_exit']}")
     out.append(f"RSS (s: MB) {', '.join(f'{t}: {mb}' for t, mb in r['rss_timeline_mb'])}; baseline taken at {r['warmup_s']:.0f} s "
                "(the recall index, LanceDB and WordLlama, adds ~0.5 GB once, when the first session hides history)")
     for example in r["error_examples"]:
@@ -226,6 +236,7 @@ def main() -> None:
     parser.add_argument("--queue-size", type=int, default=4, help="summary.queue_size (small, so it fills)")
     parser.add_argument("--warmup", type=float, default=1 / 3, help="share of the run before RSS is baselined (at least 20 s)")
     parser.add_argument("--timeout", type=float, default=120.0, help="client timeout per request")
+    parser.add_argument("--abort-share", type=float, default=0.05, help="share of streams the client abandons after one chunk")
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--json", type=Path)
