@@ -163,7 +163,9 @@ async def run(args) -> dict:
         await observer
         wall = time.monotonic() - started
         await client.close()
+        t0 = time.monotonic()
         rc = gateway.terminate(timeout=30)
+        sigterm_s = time.monotonic() - t0
     finally:
         gateway.kill()
         puppet.terminate()
@@ -191,7 +193,7 @@ async def run(args) -> dict:
         "summary_dropped": {k.split('reason="', 1)[1].rstrip('"}'): v for k, v in m.items() if k.startswith("palimpsest_summary_jobs_dropped_total{")},
         "summary_enqueued": m.get("palimpsest_summary_jobs_enqueued_total:sum", 0.0),
         "checkpoints_created": m.get("palimpsest_summary_checkpoints_created_total:sum", 0.0),
-        "sigterm_exit": rc, "aborted": stats.aborted,
+        "sigterm_exit": rc, "sigterm_s": round(sigterm_s, 2), "aborted": stats.aborted,
         "rss_timeline_mb": [(round(t), round(b / 2**20)) for t, b in stats.rss[:: max(1, len(stats.rss) // 12)]],
         "warmup_s": warm,
         "summary_metrics": {k: v for k, v in m.items() if "summary" in k and k.endswith(":sum")},
@@ -218,7 +220,7 @@ def render(r: dict) -> str:
     out.append(f"{r['clients']} clients over {r['sessions']} sessions for {r['seconds']} s: {r['requests']} complete answers "
                f"({r['requests'] / max(1, r['seconds']):.1f}/s), latency p50 {r['latency_p50']:.2f} s p99 {r['latency_p99']:.2f} s; "
                f"summary jobs enqueued {r['summary_enqueued']:.0f}, dropped {r['summary_dropped']}, checkpoints {r['checkpoints_created']:.0f}; "
-               f"{r['aborted']} streams abandoned by their client after the first chunk (then asked again); SIGTERM exit code {r['sigterm_exit']}")
+               f"{r['aborted']} streams abandoned by their client after the first chunk (then asked again); SIGTERM after the run: exit code {r['sigterm_exit']} in {r['sigterm_s']} s")
     out.append(f"RSS (s: MB) {', '.join(f'{t}: {mb}' for t, mb in r['rss_timeline_mb'])}; baseline taken at {r['warmup_s']:.0f} s "
                "(the recall index, LanceDB and WordLlama, adds ~0.5 GB once, when the first session hides history)")
     for example in r["error_examples"]:
