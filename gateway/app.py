@@ -129,7 +129,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     app[PIPELINE] = pipeline
     app[INDEXER] = indexer
     flusher = asyncio.create_task(_flush_answers(ledger, turns), name="ledger-flush")
-    retention = (asyncio.create_task(_retention(settings.store.retention_days, ledger, checkpoints, indexer), name="retention")
+    retention = (asyncio.create_task(_retention(settings.store.retention_days, ledger, checkpoints, indexer, turns), name="retention")
                  if settings.store.retention_days else None)
     try:
         yield
@@ -175,12 +175,12 @@ def index_storage_options(recall) -> dict[str, str] | None:
     return options
 
 
-async def _retention(days: float, ledger, checkpoints, indexer, every_s: float = 3600.0) -> None:
+async def _retention(days: float, ledger, checkpoints, indexer, turns, every_s: float = 3600.0) -> None:
     """The retention TTL: hourly, delete sessions idle for more than `days` (store.__init__)."""
     while True:
         try:
             index = await indexer.opened()
-            await sweep_expired(days, ledger=ledger, checkpoints=checkpoints, index=index)
+            await sweep_expired(days, ledger=ledger, checkpoints=checkpoints, index=index, turns=turns)
         except Exception:
             logging.getLogger("palimpsest.store").exception("retention sweep failed")
         await asyncio.sleep(every_s)

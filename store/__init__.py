@@ -90,7 +90,7 @@ def close_stores(ledger, checkpoints) -> None:
         pool.close()
 
 
-async def delete_session(session_key: str, *, ledger, checkpoints, index=None) -> dict[str, int]:
+async def delete_session(session_key: str, *, ledger, checkpoints, index=None, turns=None) -> dict[str, int]:
     """Delete a session everywhere it is kept: ledger events, checkpoints, recall index.
 
     `index` is a `store.index.SearchIndex` or None (nothing indexed, or the index is not open;
@@ -100,15 +100,17 @@ async def delete_session(session_key: str, *, ledger, checkpoints, index=None) -
     checkpoints_deleted = await call(checkpoints.delete_session, session_key)
     if index is not None:
         await index.drop_session(session_key)
+    if turns is not None:  # the per-request facts the inspector shows (store.turns)
+        turns.delete_session(session_key)
     return {"events": events, "checkpoints": checkpoints_deleted}
 
 
-async def sweep_expired(retention_days: float, *, ledger, checkpoints, index=None, now: float | None = None) -> int:
+async def sweep_expired(retention_days: float, *, ledger, checkpoints, index=None, turns=None, now: float | None = None) -> int:
     """Delete sessions not updated for `retention_days` (the retention TTL); returns how many."""
     cutoff = (time.time() if now is None else now) - retention_days * 86400
     keys = await call(ledger.expired, cutoff)
     for key in keys:
-        await delete_session(key, ledger=ledger, checkpoints=checkpoints, index=index)
+        await delete_session(key, ledger=ledger, checkpoints=checkpoints, index=index, turns=turns)
     if keys:
         log.info("retention sweep deleted sessions", extra={"fields": {"sessions": len(keys), "retention_days": retention_days}})
     return len(keys)

@@ -111,8 +111,10 @@ async def delete_session_cli(settings: Settings, wanted: str) -> int:
     """`palimpsest delete SESSION`: against the configured store (embedded or PostgreSQL)."""
     from gateway.app import open_index
     from store import close_stores, delete_session, open_stores
+    from store.turns import TurnLog
 
     ledger, checkpoints = open_stores(settings.store)
+    turns = TurnLog(settings.store.path, synchronous=settings.store.sync)
     index = None
     try:
         record = ledger.session(wanted)
@@ -122,13 +124,14 @@ async def delete_session_cli(settings: Settings, wanted: str) -> int:
                   + (" (give tenant/hash)" if matches else ""), file=sys.stderr)
             return 1
         index = await asyncio.to_thread(open_index, settings, None)
-        deleted = await delete_session(matches[0].key, ledger=ledger, checkpoints=checkpoints, index=index)
+        deleted = await delete_session(matches[0].key, ledger=ledger, checkpoints=checkpoints, index=index, turns=turns)
         _forget_turns(settings, matches[0].key)
         print(f"deleted {matches[0].key}: {deleted['events']} events, {deleted['checkpoints']} checkpoints, index dropped")
         return 0
     finally:
         if index is not None:
             index.close()
+        turns.close()
         close_stores(ledger, checkpoints)
 
 

@@ -185,14 +185,27 @@ async def test_cli_delete_by_session_id(start_gateway, capsys):
     await client(gw, session="cli-doomed").chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
     settings = gw.settings
     await gw.stop()
+    from store.turns import TurnLog
+
+    log = TurnLog(settings.store.path)
+    keys = {b.session_key for b in _all_turns(log)}
+    log.close()
+    assert len(keys) == 1
     assert await delete_session_cli(settings, "cli-doomed") == 0
     assert "2 events" in capsys.readouterr().out
+    log = TurnLog(settings.store.path)
+    assert log.session(keys.pop()) == []  # the turn log's rows of the session went too
+    log.close()
     assert await delete_session_cli(settings, "cli-doomed") == 1
     from store.ledger import Ledger
 
     ledger = Ledger(settings.store.path)
     assert ledger.sessions() == []
     ledger.close()
+
+
+def _all_turns(log):
+    return [b for (key,) in log._db.execute("SELECT DISTINCT session_key FROM turns") for b in log.session(key)]
 
 
 async def test_readyz_reports_store_reachability(gateway):
