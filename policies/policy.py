@@ -51,13 +51,13 @@ PROFILES: dict[str, dict[str, Any]] = {
     # Smallest views: a summary and a short raw tail once a session passes a third of the budget.
     "economy": {
         "summary_trigger_ratio": 0.35, "sync_compaction_ratio": 0.7, "keep_recent_tokens": 8000,
-        "keep_recent_share": 0.15, "compact_trigger_ratio": 0.3, "view_target_ratio": 0.15,
+        "keep_recent_share": 0.15, "compact_trigger_ratio": 0.3, "view_target_ratio": 0.05,
     },
     # Fit first: old tool payloads go early (they are recoverable), conversation is summarised
     # only down to a large raw tail, and a request that fits is not made to wait for a summary.
     "balanced": {
         "summary_trigger_ratio": 0.7, "sync_compaction_ratio": 0.85, "keep_recent_tokens": 96_000,
-        "keep_recent_share": 0.5, "compact_trigger_ratio": 0.55, "view_target_ratio": 0.2,
+        "keep_recent_share": 0.5, "compact_trigger_ratio": 0.6, "view_target_ratio": 0.1,
     },
     # Nearly untouched until the window is nearly full; for models that must see everything.
     "fidelity": {
@@ -101,12 +101,12 @@ class Policy(BaseModel):
         0.85, description="Share of the budget above which the request waits for a summary: async would be too late (the profile sets it)."
     )
     compact_trigger_ratio: float = Field(
-        0.55,
+        0.6,
         description="Share of the budget above which old tool results become placeholders (the profile sets it); they "
         "go in one batch, down to view_target_ratio, so the prompt prefix changes rarely.",
     )
     view_target_ratio: float = Field(
-        0.2,
+        0.1,
         description="Share of the budget the view settles at after tool-result compaction (the profile sets it): far "
         "enough below the window that calls stay cheap and the provider's prompt cache keeps hitting.",
     )
