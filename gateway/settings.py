@@ -18,7 +18,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from policies.policy import Policy, PolicyOverride
+from policies.policy import PROFILE_KEYS, Policy, PolicyOverride
 
 
 class ConfigError(Exception):
@@ -256,7 +256,9 @@ def example_toml() -> str:
             if f.description:
                 lines.append(f"# {f.description}")
             value = getattr(section, key)
-            if value is None:
+            if name == "policy" and key in PROFILE_KEYS:  # set here, it would override the profile's
+                lines.append(f"# {alias} = {_toml_value(value)}   (set by the profile)")
+            elif value is None:
                 lines.append(f"# {alias} =   (unset by default)")
             elif isinstance(value, dict) and not value:
                 lines.append(f"# {alias} = {{}}")
