@@ -67,7 +67,7 @@ class UpstreamSettings(_Section):
 class StoreSettings(_Section):
     path: str = Field("./palimpsest-data", description="Directory of the embedded store (ledger, checkpoints, index).")
     sync: Literal["normal", "full"] = Field(
-        "normal", description="SQLite synchronous mode: 'normal' survives a process crash, 'full' also power loss."
+        "normal", description="Commit durability: 'normal' survives a gateway crash (SQLite synchronous=NORMAL; PostgreSQL synchronous_commit=off), 'full' also power loss."
     )
     url: str = Field(
         "", description="PostgreSQL URL (postgresql://user:pass@host:port/db) for the ledger and checkpoints shared by replicas; empty = embedded store under path."

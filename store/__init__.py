@@ -73,7 +73,7 @@ def open_stores(store_settings) -> tuple[Any, Any]:
     if url:
         from store.postgres import PostgresCheckpoints, PostgresLedger, open_pool
 
-        pool = open_pool(url, max_size=getattr(store_settings, "pool_size", 10))
+        pool = open_pool(url, max_size=getattr(store_settings, "pool_size", 10), synchronous=store_settings.sync)
         return PostgresLedger(pool=pool), PostgresCheckpoints(pool=pool)
     from store.checkpoints import DiskCheckpoints
     from store.ledger import Ledger
