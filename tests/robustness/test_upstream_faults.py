@@ -111,6 +111,14 @@ async def fault_upstream(request: web.Request) -> web.StreamResponse:
             await response.write(piece)
         await response.write_eof()
         return response
+    if fault == "huge-sse-event":  # one 16 MB event, arriving in 64 KB pieces
+        response = await _sse(request)
+        event = _chunk(role=True, content="x" * (16 << 20))
+        for start in range(0, len(event), 1 << 16):
+            await response.write(event[start:start + (1 << 16)])
+            await asyncio.sleep(0.002)  # separate reads at the gateway, as from a real network
+        await response.write(_chunk(finish="stop") + b"data: [DONE]\n\n")
+        return response
     if fault == "html-as-json":
         return web.Response(status=200, body=b"<html><body>502 Bad Gateway</body></html>", content_type="application/json")
     if fault == "json-wrong-shape":
@@ -443,3 +451,34 @@ async def test_recall_round_two_reset_ends_the_stream_with_an_error_event(recall
     assert not isinstance(info.value, openai.APITimeoutError)
     assert isinstance(info.value.body, dict) and info.value.body.get("message"), type(info.value)
     assert not any("partial" in str(m.get("content")) for m in _answers_in_ledger(recall_gw))
+
+
+async def test_one_huge_sse_event_does_not_freeze_the_gateway(gw, fault_url):
+    """An upstream event split over many reads (a 16 MB delta, or a malformed stream with no
+    blank line) must cost the gateway linear work: /healthz keeps answering while it streams."""
+    import aiohttp
+
+    worst = 0.0
+    done = asyncio.Event()
+
+    async def probe() -> None:
+        nonlocal worst
+        async with aiohttp.ClientSession() as http:
+            while not done.is_set():
+                t0 = time.perf_counter()
+                async with http.get(gw.base_url.removesuffix("/v1") + "/healthz") as r:
+                    assert r.status == 200
+                worst = max(worst, time.perf_counter() - t0)
+                await asyncio.sleep(0.1)
+
+    prober = asyncio.create_task(probe())
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{gw.base_url}/chat/completions", json={"model": "huge-sse-event", "messages": MESSAGES, "stream": True},
+                                 headers={"X-Session-Id": "huge"}, timeout=aiohttp.ClientTimeout(total=120)) as r:
+                payload = await r.read()
+    finally:
+        done.set()
+        await prober
+    assert payload.rstrip().endswith(b"data: [DONE]") and len(payload) > 16 << 20
+    assert worst < 1.0, f"/healthz took {worst:.1f} s while one big SSE event streamed through"
