@@ -185,6 +185,12 @@ async def audit(config: Path, histories: dict[str, list[dict]], since: float) ->
     from store.ledger import Ledger
 
     settings = load_settings(config)
+    import sqlite3
+
+    integrity = {}
+    for db_file in sorted(Path(settings.store.path).rglob("*.sqlite3")) + sorted(Path(settings.store.path).rglob("cache.db")):
+        with sqlite3.connect(db_file) as db:  # before anything opens (and repairs) the store
+            integrity[db_file.name] = db.execute("PRAGMA integrity_check").fetchone()[0]
     ledger = Ledger(settings.store.path)
     checkpoints = DiskCheckpoints(settings.store.path)
     indexer = Indexer(ledger, lambda: open_index(settings, None))
@@ -241,7 +247,7 @@ async def audit(config: Path, histories: dict[str, list[dict]], since: float) ->
         await indexer.close()
         checkpoints.close()
         ledger.close()
-    return {"messages": messages, "lost": lost, "duplicated": duplicated, "orphan_answers": orphan_answers,
+    return {"integrity": integrity, "messages": messages, "lost": lost, "duplicated": duplicated, "orphan_answers": orphan_answers,
             "checkpoints": checkpoint_count, "checkpoints_after_last_kill": checkpoints_after_last_kill,
             "inconsistent_checkpoints": bad_checkpoints,
             "index_behind": index_behind, "index_behind_before_catch_up": index_was_behind}
@@ -302,6 +308,8 @@ def render(r: dict) -> str:
         ("inconsistent checkpoints", len(r["inconsistent_checkpoints"]), 0, "ok" if not r["inconsistent_checkpoints"] else "FAIL"),
         ("index behind after catch-up (sessions)", len(r["index_behind"]), 0, "ok" if not r["index_behind"] else "FAIL"),
         ("client errors (4xx, gave up)", len(r["client_errors"]), 0, "ok" if not r["client_errors"] else "FAIL"),
+        ("SQLite integrity_check", ", ".join(f"{k}: {v}" for k, v in r["integrity"].items()), "ok",
+         "ok" if all(v == "ok" for v in r["integrity"].values()) else "FAIL"),
     ]
     out = [table(rows, ("figure", "value", "target", "")), ""]
     out.append("kill points: " + ", ".join(f"{p} x{n}" for p, n in sorted(points.items())) + ", final x1")
