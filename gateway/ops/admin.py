@@ -86,8 +86,8 @@ def _int(request: web.Request, name: str) -> int | None:
         number = int(value)
     except ValueError:
         raise BadRequest(f"Query parameter '{name}' has value '{value}'. Not an integer.", param=name) from None
-    if number < 0:
-        raise BadRequest(f"Query parameter '{name}' has value '{value}'. Must not be negative.", param=name)
+    if number < 0 or number >= 2**63:  # orjson writes 64-bit integers only (it was a 500)
+        raise BadRequest(f"Query parameter '{name}' has value '{value}'. Must be between 0 and 2**63 - 1.", param=name)
     return number
 
 
