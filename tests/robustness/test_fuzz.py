@@ -468,7 +468,8 @@ def test_concurrent_branches_big_and_small_on_one_session(corpus):
 
 def test_big_bodies(corpus):
     """The sizes the issue names, a handful each: 10k messages, 10 MB single messages (plain,
-    streaming, as parts, as a tool result), bodies over the size limit, and 100k-deep JSON."""
+    streaming, as parts, as a tool result), one of 20 MB, bodies over the size limit, and
+    100k-deep JSON. The lag meter sees the gateway's loop while each is processed."""
     ten_mb = "word " * (2 * 1024 * 1024)
     many = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i}"} for i in range(10_001)]
     bodies = [
@@ -484,6 +485,7 @@ def test_big_bodies(corpus):
             {"role": "tool", "tool_call_id": "c1", "content": ten_mb},
             {"role": "user", "content": "and?"}]},
     ]
+    bodies.append({"model": "fake-32k", "messages": [{"role": "user", "content": ten_mb * 2}]})  # the issue's 20 MB
     for i, body in enumerate(bodies):
         corpus.post("/v1/chat/completions", dumps(body), {"X-Session-Id": f"big-{i}"})
     over = b'{"model": "fake-32k", "messages": [{"role": "user", "content": "' + b"x" * (33 * 1024 * 1024) + b'"}]}'
