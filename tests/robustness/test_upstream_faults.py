@@ -157,11 +157,29 @@ async def recall_fault(request: web.Request, body: dict, fault: str, stream: boo
     return response
 
 
+async def passthrough_fault(request: web.Request) -> web.StreamResponse:
+    """Other routes: a body cut by a reset, or stalled, after the response started."""
+    request.app[RECEIVED].append({"model": request.match_info["fault"], "stream": False, "headers": dict(request.headers)})
+    fault = request.match_info["fault"]
+    response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+    if fault == "length":
+        response.content_length = 1 << 20
+    await response.prepare(request)
+    await response.write(b"x" * 1000)
+    await asyncio.sleep(0.05)
+    if fault in ("reset", "length"):
+        request.transport.abort()
+        return response
+    await asyncio.sleep(STALL_S)
+    return response
+
+
 @pytest.fixture
 async def fault_url():
     app = web.Application()
     app[RECEIVED] = []
     app.router.add_post("/v1/chat/completions", fault_upstream)
+    app.router.add_get("/v1/files/{fault}", passthrough_fault)
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=0.1)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -482,3 +500,21 @@ async def test_one_huge_sse_event_does_not_freeze_the_gateway(gw, fault_url):
         await prober
     assert payload.rstrip().endswith(b"data: [DONE]") and len(payload) > 16 << 20
     assert worst < 1.0, f"/healthz took {worst:.1f} s while one big SSE event streamed through"
+
+
+# -- pass-through routes -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["reset", "length", "stall"])
+async def test_passthrough_body_cut_or_stalled_is_an_error_not_a_hang(gw, fault_url, fault):
+    """A relayed body that breaks after it started cannot get an error status any more: the
+    client must see the body end abnormally (connection closed, short body), in time."""
+    import aiohttp
+
+    started = time.perf_counter()
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises((aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)):
+            async with http.get(f"{gw.base_url}/files/{fault}", timeout=aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)) as r:
+                assert r.status == 200
+                await r.read()
+    assert time.perf_counter() - started < CLIENT_TIMEOUT_S
