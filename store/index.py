@@ -59,7 +59,7 @@ from lancedb.index import FTS
 
 from store.chunking import split_chunks
 from store.embedders import Embedder
-from store.ranking import Hit, Ranking, fuse, vector_query
+from store.ranking import Hit, Ranking, fuse, text_query, vector_query
 
 __all__ = ["Hit", "IndexedEvent", "Ranking", "SearchIndex"]
 
@@ -274,7 +274,7 @@ class SearchIndex:
         while True:
             text_rows, vector_rows = await asyncio.gather(
                 session.table.query()
-                .nearest_to_text(query, columns="text")
+                .nearest_to_text(text_query(query, ranking), columns="text")
                 .where(where)
                 .select([*_COLUMNS, "_score"])
                 .limit(depth)
