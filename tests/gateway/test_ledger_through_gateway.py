@@ -272,3 +272,22 @@ async def test_answer_is_committed_before_the_response_is_sent_or_ended(gateway,
     async for _ in stream:
         pass
     assert order[0] == "append" and "stream-eof" in order
+
+
+async def test_retention_sweep_runs_in_the_gateway(start_gateway):
+    import time
+
+    gw = await start_gateway()
+    await client(gw, session="stale").chat.completions.create(model="m", messages=[{"role": "user", "content": "old"}])
+    await client(gw, session="fresh").chat.completions.create(model="m", messages=[{"role": "user", "content": "new"}])
+    ledger = gw.app[LEDGER]
+    stale = [r.key for r in ledger.sessions() if r.session_id == "stale"][0]
+    ledger._db.execute("UPDATE sessions SET updated = ? WHERE key = ?", (time.time() - 40 * 86400, stale))
+    settings = gw.settings
+    await gw.stop()
+    swept = await start_gateway(store={"path": settings.store.path, "retention_days": 30})
+    for _ in range(100):  # the first sweep runs as the gateway starts (opening the index takes a moment)
+        if [r.session_id for r in swept.app[LEDGER].sessions()] == ["fresh"]:
+            break
+        await asyncio.sleep(0.1)
+    assert [r.session_id for r in swept.app[LEDGER].sessions()] == ["fresh"]
