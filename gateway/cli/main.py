@@ -82,9 +82,9 @@ async def reindex_all(settings: Settings) -> int:
     from gateway.app import open_index
     from gateway.jobs.indexer import Indexer
     from gateway.http.upstream import Upstream
-    from store.ledger import Ledger
+    from store import close_stores, open_stores
 
-    ledger = Ledger(settings.store.path, synchronous=settings.store.sync)
+    ledger, checkpoints = open_stores(settings.store)  # the shared ledger when store.url is set
     upstream = None
     if settings.recall.embeddings_url:
         upstream = Upstream(settings.upstream.base_url, settings.upstream.api_key.get_secret_value(),
@@ -101,7 +101,7 @@ async def reindex_all(settings: Settings) -> int:
         print(f"reindexed {len(sessions)} sessions, {chunks} chunks")
     finally:
         await indexer.close()
-        ledger.close()
+        close_stores(ledger, checkpoints)
         if upstream is not None:
             await upstream.close()
     return 0
