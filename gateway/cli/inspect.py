@@ -23,7 +23,7 @@ from pathlib import Path
 
 from gateway.chat.views import ViewBuilder
 from gateway.http.errors import GatewayError
-from gateway.ops.inspection import Inspector
+from gateway.ops.inspection import Inspector, list_sessions
 from gateway.ops.readonly import ConfiguredWindows
 from gateway.settings import Settings
 from policies import Calibration, TokenCounter
@@ -54,7 +54,7 @@ async def _inspect(args, settings: Settings) -> int:
     turns = TurnLog(settings.store.path, synchronous=settings.store.sync)
     try:
         if not args.session:  # listing needs no view builder (and no tokenizer)
-            sessions = Inspector(ledger, checkpoints, None, settings, turns).sessions(args.tenant)
+            sessions = list_sessions(ledger, checkpoints, args.tenant)
             print(json.dumps({"object": "list", "data": sessions}, indent=2) if args.json else sessions_table(sessions))
             return 0
         # No upstream: windows are the recorded ones, else configuration (never a network call).

@@ -87,16 +87,10 @@ class Inspector:
     # -- sessions ----------------------------------------------------------------------------
 
     def sessions(self, tenant: str | None = None, limit: int | None = None) -> list[dict]:
-        records = self.ledger.sessions(tenant)
-        return [self._session_row(r) for r in records[:limit]]
+        return list_sessions(self.ledger, self.checkpoints, tenant, limit)
 
     def _session_row(self, record: SessionRecord) -> dict:
-        return {
-            "key": record.key, "tenant": record.tenant, "session_id": record.session_id,
-            "created": record.created, "updated": record.updated, "events": record.events,
-            "requests": record.requests, "head": record.head, "model": record.model,
-            "checkpoints": len(self.checkpoints.list(record.key)),
-        }
+        return session_row(record, self.checkpoints)
 
     def find(self, wanted: str, tenant: str | None = None) -> SessionRecord:
         """A session by key (tenant/hash) or by the client's own session id."""
@@ -288,6 +282,20 @@ class Inspector:
             "summary": cp.summary, "summary_tokens": cp.summary_tokens, "state": cp.state, "created": cp.created,
             "model": cp.model, "mode": cp.mode, "previous": cp.previous,
         }
+
+
+def list_sessions(ledger, checkpoints, tenant: str | None = None, limit: int | None = None) -> list[dict]:
+    """Sessions, newest first (needs no view builder: ``palimpsest inspect`` without a session)."""
+    return [session_row(r, checkpoints) for r in ledger.sessions(tenant)[:limit]]
+
+
+def session_row(record: SessionRecord, checkpoints) -> dict:
+    return {
+        "key": record.key, "tenant": record.tenant, "session_id": record.session_id,
+        "created": record.created, "updated": record.updated, "events": record.events,
+        "requests": record.requests, "head": record.head, "model": record.model,
+        "checkpoints": len(checkpoints.list(record.key)),
+    }
 
 
 def _window_source(model: str, recorded: list[TurnBasis], inputs: ViewInputs) -> str:
