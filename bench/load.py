@@ -212,6 +212,8 @@ def render(r: dict) -> str:
          "<= 10%", "ok" if r["rss_growth"] <= 0.10 else "FAIL"),
         ("summary queue depth (max seen)", f"{r['queue_depth_max']:.0f} of {r['queue_size']}", f"<= {r['queue_size']}",
          "ok" if r["queue_depth_max"] <= r["queue_size"] else "FAIL"),
+        ("summary jobs turned away by a full queue (requests went on tailored)", f"{r['summary_dropped'].get('queue_full', 0):.0f}",
+         "> 0 (path exercised)", "ok" if r["summary_dropped"].get("queue_full", 0) > 0 else "not exercised"),
         ("sessions starving (< half the mean)", len(starving) + missing, 0, "ok" if not starving and not missing else "FAIL"),
         ("completed per session (min / mean / max)", f"{min(counts)} / {statistics.mean(counts):.0f} / {max(counts)}", "-", ""),
         ("worst latency of any session", f"{worst:.1f} s", "-", ""),
