@@ -396,6 +396,21 @@ def test_compressed_request_bodies(corpus):
     assert status == 400 and _is_envelope(payload), (status, payload[:300])
 
 
+def test_header_values_that_are_not_utf8(corpus):
+    """aiohttp hands undecodable header bytes over as lone surrogates; identity and session ids
+    must treat them as the client's error (or as opaque bytes), not crash on them (a 500)."""
+    body = b'{"model": "fake-32k", "messages": [{"role": "user", "content": "hi"}]}'
+    failures = []
+    for name in ("X-Session-Id", "Authorization", "api-key"):
+        for value in (b"\xff\xfe", b"Bearer \xff\xfe", b"\xc3\x28", "ü".encode()):
+            status, headers, payload = corpus.http.request("POST", "/v1/chat/completions", body,
+                                                           {"Content-Type": "application/json", name: value})
+            corpus.sent += 1
+            if status >= 500 or (status >= 400 and not _is_envelope(payload)):
+                failures.append((name, value, status, payload[:120]))
+    assert not failures, failures
+
+
 def _long_history(rounds: int = 30) -> list[dict]:
     """A valid agent session well over fake-8k's window: the gateway must compact it, offer its
     recall tools and (for RECALL: questions) run the recall loop."""
