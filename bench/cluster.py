@@ -134,6 +134,12 @@ async def phase(agents: list[Agent], turns: int, during=None, name: str = "") ->
     return time.perf_counter() - started
 
 
+def nginx_resent(log: Path) -> dict:
+    """Requests nginx resent to another replica after one failed (its access log)."""
+    lines = [ln for ln in log.read_text().splitlines() if "upstream=" in ln and "," in ln.split("upstream=")[1].split()[0]]
+    return {"requests": len(lines), "statuses": sorted({ln.split("upstream_status=")[1].split(" rt=")[0] for ln in lines})}
+
+
 def verify(pg_url: str, agents: list[Agent]) -> dict:
     import psycopg
 
@@ -295,6 +301,7 @@ async def main(args) -> dict:
                 await asyncio.to_thread(sh, env, "replica", "1", "start")
 
             report["kill_s"] = await phase(agents, args.turns, kill_and_restart, name="kill")
+            report["nginx_resent"] = nginx_resent(root / "log" / "nginx-access.log")
             report["retries_during_kill"] = sum(a.retries for a in agents) - before
             report["retried_requests"] = sum(a.retried_requests for a in agents)
             kinds: dict[str, int] = {}
@@ -337,6 +344,7 @@ def render(r: dict) -> str:
         ("client errors (after retries)", r["client_errors"], "0"),
         ("requests retried (attempts) around the kill -9", f"{r['retried_requests']} ({r['retries_during_kill']})", "in-flight only"),
         ("failed attempts by phase and kind", "; ".join(f"{k} x{v}" for k, v in sorted(r["failed_attempts"].items())) or "none", "kill phase only"),
+        ("requests nginx resent to another replica (upstream statuses)", f"{r['nginx_resent']['requests']} ({'; '.join(r['nginx_resent']['statuses'])})", "the in-flight ones"),
         ("upstreams nginx named on failed attempts", ", ".join(r["failed_attempts_on"]) + f" (killed: {r['killed_replica']})", "the killed one"),
         ("client messages missing / duplicated", f"{led['missing']} / {led['duplicated']} of {led['messages']}", "0 / 0"),
         ("sessions whose ledger differs from the client's history", led["forked"], "0"),
