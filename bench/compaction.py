@@ -209,6 +209,74 @@ async def longmemeval(args, mode: str, cases: list[dict]) -> list[dict]:
     return rows
 
 
+# --- 2b. fit first: a ~105k-token conversation on a 128k model -----------------------------------
+
+
+FIT_MODEL, FIT_WINDOW = "fake-128k", 128_000
+
+
+async def fit_first(args, profile: str) -> list[dict]:
+    """Each LongMemEval haystack arrives on FIT_MODEL with a plain closing message; after the
+    background summary settles, the question follows as ``RECALL: <question>``. Evidence counts as
+    kept when an evidence turn is verbatim in the question's first upstream request, or the
+    puppet's ANSWER (what recall loaded) comes from one. profile "direct" = sent untouched."""
+    gateway = profile != "direct"
+    bench = await Bench.start(gateway=gateway, models={FIT_MODEL: {"context_window": FIT_WINDOW}},
+                              **({"policy": {"profile": profile}} if gateway else {}))
+    client = Client(bench.gateway.base_url if gateway else bench.puppet.base_url)
+    rows = []
+    try:
+        for case in args.fit_cases:
+            messages, evidence = flatten_haystack(case)
+            sid = f"fit-{profile}-{case['question_id']}" if gateway else None
+            closing = {"role": "user", "content": "Thanks for all of this. Let's continue later."}
+            bench.puppet.reset()
+            first_body = {"model": FIT_MODEL, "messages": messages + [closing]}
+            if gateway:
+                bench.gateway.app[SUMMARIZER]._call_seconds = args.arrival_prior or 3.0
+            first = await client.chat(first_body, sid)
+            arrival_up = sum(count_prompt(r["json"]) for r in bench.puppet.chat_requests()
+                             if r.get("json") and r["headers"].get(PURPOSE, "") != "summary")
+            if gateway:
+                await bench.gateway.settle()
+            history = messages + [closing, first.message or {"role": "assistant", "content": "ok"}]
+            body = {"model": FIT_MODEL, "messages": history + [{"role": "user", "content": f"RECALL: {case['question']}"}]}
+            bench.puppet.reset()
+            reply = await client.chat(body, sid)
+            turn = [r["json"] for r in bench.puppet.chat_requests()
+                    if r.get("json") and r["headers"].get(PURPOSE, "") != "summary"]
+            view = turn[0]["messages"] if turn else []
+            texts = [m.get("content") for m in view if isinstance(m.get("content"), str)]
+            in_view = all(any(e in t for t in texts) for e in evidence)
+            answer = answer_text(reply)
+            loaded = bool(answer) and any(answer.lstrip("…")[:200] in e for e in evidence)
+            rows.append({
+                "profile": profile, "case": case["question_id"], "status": [first.status, reply.status],
+                "client_tokens": count_prompt(first_body), "arrival_upstream": arrival_up,
+                "question_client": count_prompt(body), "question_first_upstream": count_prompt(turn[0]) if turn else 0,
+                "question_turn_upstream": sum(count_prompt(b) for b in turn), "requests": len(turn),
+                "evidence_in_view": in_view, "evidence_kept": in_view or loaded,
+                "rejected": sum(c.status != 200 for c in bench.puppet.calls if c.purpose != "summary"),
+            })
+    finally:
+        await client.close()
+        await bench.stop()
+    return rows
+
+
+def fit_summary(rows: list[dict]) -> dict:
+    n = len(rows) or 1
+    return {
+        "profile": rows[0]["profile"], "cases": len(rows),
+        "evidence_kept": sum(r["evidence_kept"] for r in rows) / n,
+        "evidence_in_view": sum(r["evidence_in_view"] for r in rows) / n,
+        "arrival_ratio": sum(r["arrival_upstream"] for r in rows) / sum(r["client_tokens"] for r in rows),
+        "question_ratio": sum(r["question_first_upstream"] for r in rows) / sum(r["question_client"] for r in rows),
+        "turn_ratio": sum(r["question_turn_upstream"] for r in rows) / sum(r["question_client"] for r in rows),
+        "rejected": sum(r["rejected"] for r in rows),
+    }
+
+
 def aggregate(rows: list[dict]) -> dict:
     if not rows:
         return {}
@@ -480,6 +548,14 @@ def render(result: dict) -> str:
         else:
             lines.append(f"  {a['workload']} direct: {a['rejected']} of {a['upstream_requests']} "
                          f"requests rejected by the provider")
+    if result.get("fit_first"):
+        lines += ["", f"fit first on {FIT_MODEL} (window {FIT_WINDOW:,}): LongMemEval haystack + closing message, "
+                  "summary settles, then RECALL: <question>; kept = evidence verbatim in the question's view or "
+                  "loaded by recall; ratios = upstream / client prompt tokens"]
+        for f in result["fit_first"]:
+            lines.append(f"  {f['profile']:<9} {f['cases']} cases: evidence kept {f['evidence_kept']:.2f} (in view "
+                         f"{f['evidence_in_view']:.2f}); arrival {f['arrival_ratio']:.3f}, question request "
+                         f"{f['question_ratio']:.3f}, whole recall turn {f['turn_ratio']:.3f}; rejected {f['rejected']}")
     if (gt := result.get("gateway_time")):
         lines += ["", f"gateway time per request on a warm session of {gt['messages_first']} -> "
                   f"{gt['messages']} messages, {gt['tokens_first']:,} -> {gt['final_client_tokens']:,} "
@@ -540,6 +616,13 @@ def checks(result: dict) -> list[str]:
     lme = next((a for a in gw if a["workload"] == "longmemeval"), None)
     if lme:
         out.append(f"LongMemEval upstream/client {lme['ratio']:.3f} (target <= 0.25) {ok(lme['ratio'] <= 0.25)}")
+    for f in result.get("fit_first") or ():
+        if f["profile"] == "balanced":
+            direct = next((d for d in result["fit_first"] if d["profile"] == "direct"), None)
+            base = direct["evidence_kept"] if direct else 1.0
+            out.append(f"fit first (128k, default profile): evidence kept {f['evidence_kept']:.2f} vs untouched "
+                       f"{base:.2f} (within 0.05) {ok(f['evidence_kept'] >= base - 0.05)}; question request "
+                       f"{f['question_ratio']:.3f} of the client's (< 1 saves) {ok(f['question_ratio'] < 1)}")
     if (gt := result.get("gateway_time")):
         out.append(f"gateway time (ledger sync + projection) p50 {gt['sync+build_p50_ms']:.2f} ms "
                    f"(target <= 15) {ok(gt['sync+build_p50_ms'] <= 15)}; with JSON parse "
@@ -567,6 +650,13 @@ async def run(args) -> dict:
         t = time.perf_counter()
         rows += await longmemeval(args, mode, cases)
         timings[f"longmemeval/{mode}"] = time.perf_counter() - t
+    if args.fit:
+        args.fit_cases = load_cases(args.fit)
+        result_fit = []
+        for profile in args.fit_profile_list:
+            t = time.perf_counter()
+            result_fit.append(fit_summary(await fit_first(args, profile)))
+            timings[f"fit/{profile}"] = time.perf_counter() - t
     aggregates = []
     for workload in ("synthetic", *args.loop_list, "longmemeval"):
         for mode in args.mode_list:
@@ -574,6 +664,8 @@ async def run(args) -> dict:
             if picked:
                 aggregates.append(aggregate(picked))
     result = {"rows": rows, "aggregates": aggregates, "notes": notes}
+    if args.fit:
+        result["fit_first"] = result_fit
     if args.reps:
         t = time.perf_counter()
         result["gateway_time"] = await gateway_time(args)
@@ -605,6 +697,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=60, help="rounds per synthetic session")
     parser.add_argument("--cases", type=int, default=None, help="LongMemEval cases (default 20; 0 = none)")
     parser.add_argument("--modes", default="direct,gateway")
+    parser.add_argument("--fit", type=int, default=None,
+                        help="LongMemEval cases for the fit-first section on fake-128k (default 10, quick 2; 0 = skip)")
+    parser.add_argument("--fit-profiles", default="direct,balanced,economy")
     parser.add_argument("--loops", default=",".join(LOOP_SHAPES),
                         help=f"agent-loop workloads, comma-separated of {','.join(LOOP_SHAPES)} ('none' = skip)")
     parser.add_argument("--arrival-prior", type=float, default=3.0,
@@ -629,6 +724,8 @@ def main(argv: list[str] | None = None) -> None:
     args.reps = args.reps if args.reps is not None else (20 if q else 50)
     args.mode_list = [m.strip() for m in args.modes.split(",") if m.strip()]
     args.loop_list = [] if args.loops == "none" else [w.strip() for w in args.loops.split(",") if w.strip()]
+    args.fit = args.fit if args.fit is not None else (2 if q else 10)
+    args.fit_profile_list = [p.strip() for p in args.fit_profiles.split(",") if p.strip()]
     scen = args.sync_scenarios or ("pasted" if q else ",".join(SYNC_SCENARIOS))
     args.sync_scenario_list = [] if scen == "none" else [s.strip() for s in scen.split(",") if s.strip()]
     args.sync_seed_list = [int(s) for s in (args.sync_seeds or "11").split(",") if s]

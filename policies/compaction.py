@@ -167,7 +167,7 @@ def compact_tool_results(
             raw.append(size)
             compacted.append(sum(counts[start:end]) - saved)
         frontier = compaction_frontier_for(raw, compacted, fixed_tokens, policy, budget)
-        stats.compacted_tokens = sum(compacted[:frontier])
+        stats.compacted_tokens = sum(c for c, r in zip(compacted[:frontier], raw) if c < r)  # rounds with placeholders
         stats.raw_tail_tokens = sum(raw[frontier:])
 
     out = list(messages)

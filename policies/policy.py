@@ -48,21 +48,22 @@ class ToolRule(BaseModel):
 # Named bundles of the keys that trade fidelity for cost (docs/architecture.md, "Policies").
 # A key set explicitly (in [policy] or an override) wins over its profile's value.
 PROFILES: dict[str, dict[str, Any]] = {
-    # Smallest views: a summary and a short raw tail once a session passes a third of the budget.
+    # Smallest views: a summary and a short raw tail once a session passes 30% of the budget;
+    # old tool results go too while the summary is being written.
     "economy": {
-        "summary_trigger_ratio": 0.35, "sync_compaction_ratio": 0.7, "keep_recent_tokens": 8000,
-        "keep_recent_share": 0.15, "compact_trigger_ratio": 0.3, "view_target_ratio": 0.05,
+        "summary_trigger_ratio": 0.3, "sync_compaction_ratio": 0.7, "keep_recent_tokens": 8000,
+        "keep_recent_share": 0.15, "compact_trigger_ratio": 0.35, "view_target_ratio": 0.05,
     },
     # Fit first: old tool payloads go early (they are recoverable), conversation is summarised
     # only down to a large raw tail, and a request that fits is not made to wait for a summary.
     "balanced": {
-        "summary_trigger_ratio": 0.7, "sync_compaction_ratio": 0.85, "keep_recent_tokens": 96_000,
-        "keep_recent_share": 0.5, "compact_trigger_ratio": 0.6, "view_target_ratio": 0.1,
+        "summary_trigger_ratio": 0.75, "sync_compaction_ratio": 0.85, "keep_recent_tokens": 96_000,
+        "keep_recent_share": 0.65, "compact_trigger_ratio": 0.6, "view_target_ratio": 0.1,
     },
     # Nearly untouched until the window is nearly full; for models that must see everything.
     "fidelity": {
         "summary_trigger_ratio": 0.85, "sync_compaction_ratio": 0.92, "keep_recent_tokens": 1_000_000,
-        "keep_recent_share": 0.65, "compact_trigger_ratio": 0.75, "view_target_ratio": 0.5,
+        "keep_recent_share": 0.75, "compact_trigger_ratio": 0.75, "view_target_ratio": 0.5,
     },
 }
 PROFILE_KEYS = frozenset(k for bundle in PROFILES.values() for k in bundle)
@@ -90,12 +91,12 @@ class Policy(BaseModel):
         "summarised, but the last round always stays raw.",
     )
     keep_recent_share: float = Field(
-        0.5, gt=0, le=1,
+        0.65, gt=0, le=1,
         description="The raw tail's cap as a share of the budget too (the smaller wins; the profile sets it): a "
         "summary covers only what the view cannot keep raw.",
     )
     summary_trigger_ratio: float = Field(
-        0.7, description="Share of the budget at which an asynchronous summary job is enqueued after the response (the profile sets it)."
+        0.75, description="Share of the budget at which an asynchronous summary job is enqueued after the response (the profile sets it)."
     )
     sync_compaction_ratio: float = Field(
         0.85, description="Share of the budget above which the request waits for a summary: async would be too late (the profile sets it)."

@@ -118,7 +118,7 @@ async def test_inspector_page_renders_a_session_timeline(start_gateway, browser,
     # Summaries only when placeholders pile up, so the newest view shows both summary and placeholders.
     gw = await start_gateway(server={"admin_token": TOKEN},
                              policy={"profile": "economy", "summary_trigger_ratio": 0.6, "sync_compaction_ratio": 0.9,
-                                     "view_target_ratio": 0.05})
+                                     "compact_trigger_ratio": 0.25, "view_target_ratio": 0.05})
     session, history, _, record = await long_session(gw)
     # One recall round, so the timeline has gateway-made side events to show.
     history.append({"role": "user", "content": f"RECALL: {session.facts[0].question}"})

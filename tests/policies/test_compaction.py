@@ -212,3 +212,16 @@ def test_long_turn_settles_below_the_trigger_and_only_appends_between_jumps(coun
     assert replaced > 40  # placeholders inside the one long turn
     assert breaks <= 12  # 60 requests: a jump every five or more
     assert min(sizes[20:]) >= 0.2 * budget  # it settles near the target, not at the minimum
+
+
+def test_compacted_tokens_count_only_rounds_with_placeholders(counter):
+    policy = Policy(compact_trigger_ratio=0.5, view_target_ratio=0.1, keep_recent_rounds=2)
+    chat = []
+    for k in range(30):
+        chat += [user(f"question {k} " + payload(300, seed=k)), assistant(f"answer {k}")]
+    _, stats = compact_tool_results(chat, ids_for(chat), policy, counter, budget=5000, fixed_tokens=100)
+    assert stats.compacted_tokens == 0 and stats.replaced == 0  # nothing to fold: no summary is due for it
+    loop = loop_turn(30)
+    _, stats = compact_tool_results(loop, ids_for(loop), policy, counter, budget=20_000, fixed_tokens=100)
+    assert stats.replaced > 0 and 0 < stats.compacted_tokens < sum(counter.count_message(m) for m in loop) / 5
+    assert stats.raw_tail_tokens > 0

@@ -9,7 +9,7 @@ from policies.policy import Policy, PolicyOverride, ToolRule, resolve_policy
 def test_defaults_match_the_design():
     policy = Policy()
     assert policy.profile == "balanced" and policy.keep_recent_rounds == 3
-    assert (policy.summary_trigger_ratio, policy.sync_compaction_ratio) == (0.7, 0.85)
+    assert (policy.summary_trigger_ratio, policy.sync_compaction_ratio) == (0.75, 0.85)
     assert (policy.compact_trigger_ratio, policy.view_target_ratio) == (0.6, 0.1)
     assert policy.injection == "system" and policy.recall is True
     assert policy.truncate_last_message is False
@@ -111,7 +111,7 @@ def test_profiles_are_bundles_of_keys_and_explicit_keys_win():
         assert getattr(economy, key) < getattr(balanced, key) < getattr(fidelity, key), key
     assert economy.keep_recent_tokens == 8000 and economy.keep_recent_share == 0.15
     mixed = Policy(profile="economy", view_target_ratio=0.3)
-    assert mixed.view_target_ratio == 0.3 and mixed.summary_trigger_ratio == 0.35
+    assert mixed.view_target_ratio == 0.3 and mixed.summary_trigger_ratio == 0.3
     with pytest.raises(ValidationError, match="profile"):
         Policy(profile="cheap")
     with pytest.raises(ValidationError, match="view_target_ratio"):
