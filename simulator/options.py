@@ -15,13 +15,17 @@ FIXTURE_MODELS = ("m", "gpt-test", "gpt-bench")
 MODEL_FAMILIES = (re.compile(r"fake-\d+k"), re.compile(r"client-model-\d+"))
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options shared by ``python -m simulator.puppet`` and ``palimpsest simulate``."""
+def add_arguments(parser: argparse.ArgumentParser, *, fixtures: bool = True) -> None:
+    """Options shared by ``python -m simulator.puppet`` and ``palimpsest simulate``; with
+    `fixtures` the test and benchmark names are served too (``palimpsest simulate`` leaves
+    them out: a user sees the fake-<N>k family and the models they add)."""
+    parser.set_defaults(fixtures=fixtures)
+    served = DEFAULT_MODELS + (FIXTURE_MODELS if fixtures else ())
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8790)
     parser.add_argument("--model", action="append", default=[], metavar="NAME[=TOKENS]",
                         help="serve this model too, with this context window (repeatable); "
-                        f"always served: {', '.join(DEFAULT_MODELS + FIXTURE_MODELS)} and any "
+                        f"always served: {', '.join(served)} and any "
                         "fake-<N>k (window N thousand)")
     parser.add_argument("--window", action="append", default=[], metavar="MODEL=TOKENS",
                         help="context window for a model name (repeatable; also serves it)")

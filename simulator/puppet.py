@@ -219,7 +219,7 @@ def app_from_args(args: argparse.Namespace) -> web.Application:
     return create_puppet_app(default_window=args.default_window, windows=windows,
                              chunk_chars=args.chunk_chars, latency_s=args.latency,
                              keep_received=args.keep_received,
-                             models=(*DEFAULT_MODELS, *FIXTURE_MODELS, *extra))
+                             models=(*DEFAULT_MODELS, *(FIXTURE_MODELS if args.fixtures else ()), *extra))
 
 
 def serve(args: argparse.Namespace, banner: str | None = None) -> None:

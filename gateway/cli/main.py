@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         "PALIMPSEST_UPSTREAM__BASE_URL=http://127.0.0.1:8790/v1 palimpsest serve")
     from simulator.options import add_arguments
 
-    add_arguments(simulate)
+    add_arguments(simulate, fixtures=False)
     args = parser.parse_args(argv)
     if args.command == "simulate":
         return run_simulator(args)

@@ -580,6 +580,9 @@ def test_palimpsest_simulate_serves_until_interrupted(tmp_path):
         assert f"PALIMPSEST_UPSTREAM__BASE_URL=http://127.0.0.1:{port}/v1 palimpsest serve" in banner
         with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0) as sdk:
             assert sdk.models.retrieve("house-model").model_extra["context_length"] == 2000
+            assert {m.id for m in sdk.models.list().data} == {"fake-8k", "fake-32k", "fake-128k", "house-model"}
+            with pytest.raises(openai.NotFoundError):  # the test suite's short names are not served here
+                sdk.chat.completions.create(model="m", messages=[user("hello")])
             assert sdk.chat.completions.create(model="fake-32k", messages=[user("hello")]).choices[0].message.content == "ok: hello"
             with pytest.raises(openai.NotFoundError):
                 sdk.chat.completions.create(model="nope", messages=[user("hello")])
