@@ -68,7 +68,7 @@ def _authorize(request: web.Request) -> Inspector:
     expected = request.app[SETTINGS].server.admin_token.get_secret_value().encode()
     header = request.headers.get("Authorization", "")
     given = header[7:].strip() if header[:7].lower() == "bearer " else ""
-    if not given or not hmac.compare_digest(given.encode(), expected):
+    if not given or not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected):  # undecodable bytes: a 401
         raise Unauthorized("The admin API needs 'Authorization: Bearer <server.admin_token>'.")
     return request.app[INSPECTOR]
 

@@ -3,6 +3,7 @@ and bodies on the session routes is a 2xx or an OpenAI-envelope 4xx, never a 500
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 
 import aiohttp
@@ -33,3 +34,17 @@ async def test_admin_session_routes_never_500(start_gateway):
                 if r.status >= 500 or (r.status >= 400 and "error" not in orjson.loads(text)):
                     failures.append((method, path.replace(key, "KEY"), query[:40], (payload or b"")[:40], r.status, text[:120]))
     assert not failures, failures[:5]
+
+
+async def test_admin_token_that_is_not_utf8_is_a_401(start_gateway):
+    import socket
+
+    gw = await start_gateway(server={"admin_token": "adm"})
+    host, port = gw.base_url.removeprefix("http://").removesuffix("/v1").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"GET /admin/sessions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer \xff\xfe\r\n\r\n")
+    await writer.drain()
+    response = await reader.read()
+    writer.close()
+    assert response.startswith(b"HTTP/1.1 401"), response[:200]
+    assert b'"error"' in response
