@@ -37,8 +37,6 @@ async def test_admin_session_routes_never_500(start_gateway):
 
 
 async def test_admin_token_that_is_not_utf8_is_a_401(start_gateway):
-    import socket
-
     gw = await start_gateway(server={"admin_token": "adm"})
     host, port = gw.base_url.removeprefix("http://").removesuffix("/v1").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
