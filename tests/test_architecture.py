@@ -90,10 +90,13 @@ def _walk_imports(module: Module, known: set[str]) -> None:
                         if alias.name in known:
                             aliases[alias.asname or alias.name] = alias.name
                 else:
+                    base = _resolve(module, node)
                     for alias in node.names:
-                        sub = f"{_resolve(module, node)}.{alias.name}"
+                        sub = f"{base}.{alias.name}"
                         if sub in known:
                             aliases[alias.asname or alias.name] = sub
+                        elif base in known and base != module.name:
+                            aliases[alias.asname or alias.name] = sub  # a class or function of `base`
                 continue
             # Module-level code that runs at import: class bodies, if/try/with blocks.
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
@@ -108,7 +111,7 @@ def _walk_imports(module: Module, known: set[str]) -> None:
             visit(children, runtime)
 
     visit(module.tree.body, True)
-    # `alias._private` where alias names another project module.
+    # `alias._private` where alias names another project module, or a class imported from one.
     for node in ast.walk(module.tree):
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
             target = aliases.get(node.value.id)
@@ -236,8 +239,9 @@ def _synthetic(name: str, source: str, known: set[str]) -> Module:
 
 def test_the_checks_catch_what_they_forbid():
     known = {"store", "store.ledger", "gateway", "gateway.keys", "policies", "policies.x"}
-    reach = _synthetic("gateway.keys", "from store.ledger import _event\nimport store.ledger as l\nl._db\n", known)
-    assert reach.private == ["store.ledger._event", "store.ledger._db"]
+    reach = _synthetic("gateway.keys", "from store.ledger import _event, Ledger\nimport store.ledger as l\nl._db\n"
+                       "Ledger._row()\n", known)
+    assert reach.private == ["store.ledger._event", "store.ledger._db", "store.ledger.Ledger._row"]
     lazy = _synthetic("policies.x", "def f():\n    import aiohttp\n    from gateway import keys\n", known)
     assert {"aiohttp", "gateway.keys"} <= lazy.every and lazy.runtime == set()
     typing_only = _synthetic("store.ledger", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gateway.keys import X\n"
