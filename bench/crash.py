@@ -23,7 +23,8 @@ ends with one more kill -9 (no graceful shutdown), then the store is audited off
 - inconsistent checkpoints: a boundary that is not an event of the session, two checkpoints for
   the same boundary, or version numbers that are not 1..n,
 - index behind: sessions whose recall index, after the gateway's catch-up, still misses ledger
-  events or cannot find the session's last user message.
+  events or cannot find the session's last user message; then ``palimpsest reindex`` rebuilds
+  the whole index from the ledger (exit code and time reported).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ import json
 import logging
 import random
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -288,6 +291,12 @@ async def run(args) -> dict:
         elapsed = time.perf_counter() - started
         result = await audit(config, shared.histories, since=time.time() - (time.monotonic() - last_restart))
         result["gateway_metrics"] = totals
+        # The operator's way back: `palimpsest reindex` rebuilds the whole index from the ledger.
+        t0 = time.perf_counter()
+        reindex = subprocess.run([sys.executable, "-m", "gateway", "reindex", "--config", str(config)], cwd=str(REPO),
+                                 capture_output=True, text=True, timeout=600)
+        result["reindex"] = {"exit": reindex.returncode, "seconds": round(time.perf_counter() - t0, 1),
+                             "output": (reindex.stdout.strip().splitlines() or [reindex.stderr.strip()[-200:]])[-1]}
         result.update({"kills": len(kills) + 1, "kill_log": kills, "sessions": len(shared.histories),
                        "requests": shared.requests, "resends": shared.resends, "client_errors": shared.client_errors,
                        "summary_calls": puppet.summary_calls, "seconds": round(elapsed, 1), "gateway_log": str(work / "gateway.log")})
@@ -323,6 +332,8 @@ def render(r: dict) -> str:
                f"checkpoints created {g.get('palimpsest_summary_checkpoints_created_total:sum', 0):.0f}, jobs refused by a lease "
                f"{leased:.0f}; checkpoints written after the last kill "
                f"{r['checkpoints_after_last_kill']}")
+    if "reindex" in r:
+        out.append(f"palimpsest reindex after the last kill: exit {r['reindex']['exit']} in {r['reindex']['seconds']} s: {r['reindex']['output']}")
     for item in (r["inconsistent_checkpoints"] + r["client_errors"])[:10]:
         out.append(f"  ! {item}")
     return "\n".join(out)
