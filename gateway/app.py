@@ -1,4 +1,10 @@
-"""The application factory: routes, middleware, and resources opened/closed in cleanup_ctx."""
+"""The composition root: routes, middleware, and every collaborator, created once and wired here.
+
+The only module that names concrete classes (stores, upstream, jobs, pipeline); everything
+else is handed its collaborators and typed against what it uses (``gateway/keys.py``,
+``store/interfaces.py``). Resources open and close in ``cleanup_ctx`` (docs/architecture.md,
+"The rooms").
+"""
 
 from __future__ import annotations
 
@@ -29,7 +35,7 @@ from gateway.chat.views import ViewBuilder
 from gateway.chat.windows import Windows
 from policies import Calibration, TokenCounter
 from store import call as store_call, close_stores, open_stores, sweep_expired
-from store.ledger import Ledger
+from store.interfaces import LedgerStore, TurnLogStore
 from store.turns import TurnLog
 
 
@@ -186,7 +192,7 @@ async def _retention(days: float, ledger, checkpoints, indexer, turns, every_s: 
         await asyncio.sleep(every_s)
 
 
-async def _flush_answers(ledger: Ledger, turns: TurnLog, every_s: float = 0.5, checkpoint_every: int = 10) -> None:
+async def _flush_answers(ledger: LedgerStore, turns: TurnLogStore, every_s: float = 0.5, checkpoint_every: int = 10) -> None:
     """Deferred answers (and the turn log's rows) reach the disk within `every_s` even when no
     request comes, and the WAL is checkpointed off the event loop every few seconds."""
     log = logging.getLogger("palimpsest.ledger")
