@@ -6,9 +6,9 @@ The model, window and budget of each request are the ones the gateway recorded i
 when it answered (``store.turns``), so this shows what the live gateway used without calling
 the upstream; only a session answered before the turn log existed falls back to configuration
 and the table of well-known models. Token calibration is learned by a running gateway and not
-stored, so estimates here are uncalibrated (factor 1). A running gateway may hold a session's
-newest answer and turn rows in memory for up to half a second (deferred writes); the admin API
-sees them, this may not yet.
+stored, so estimates here are uncalibrated (factor 1). A running gateway writes its turn rows
+every half second, so the newest request may show here that much later; the admin API sees it
+at once.
 """
 
 from __future__ import annotations

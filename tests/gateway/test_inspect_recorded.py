@@ -39,7 +39,7 @@ async def test_inspect_reads_the_window_and_budget_the_gateway_recorded(start_ga
         history += [answer.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": f"next {turn}"}]
     await c.chat.completions.create(model="fake-8k", messages=history)  # the newest request names another model
     record = next(r for r in gw.app[LEDGER].sessions() if r.session_id == "rec")
-    rows = gw.app[TURNS].session(record.key)
+    rows = gw.app[TURNS].session(record.key)  # flushes: the subprocess below reads the file
     assert [(r.model, r.window, r.budget) for r in rows[:3]] == [("fake-32k", 32_000, 32_000 - 500 - 1024)] * 3
     assert (rows[3].model, rows[3].window) == ("fake-8k", 8_000) and rows[3].budget < 8_000
     assert all(r.client_tokens > 0 and r.upstream_tokens == r.client_tokens for r in rows)
@@ -70,6 +70,7 @@ async def test_retries_of_one_request_count_once_and_other_branches_do_not_count
     grown = base + [first.choices[0].message.model_dump(exclude_none=True)]
     await c.chat.completions.create(model="fake-32k", messages=grown + [{"role": "user", "content": "b"}])
     await c.chat.completions.create(model="fake-32k", messages=grown + [{"role": "user", "content": "b edited"}])
+    gw.app[TURNS].flush()  # the gateway writes its turn rows every ~0.5 s; don't wait for it
     detail = await inspect(gw.settings.store.path, "fork")
     assert detail["totals"]["requests"] == 2  # "a" (three times) and "b edited": the current branch
     assert len(detail["branches"]) == 2
