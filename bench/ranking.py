@@ -73,6 +73,8 @@ VARIANTS: dict[str, tuple[int, int, Ranking]] = {
     "margin2": (1200, 200, dataclasses.replace(BASE, text_margin=2.0)),
     "margin4": (1200, 200, dataclasses.replace(BASE, text_margin=4.0)),
     "margin8": (1200, 200, dataclasses.replace(BASE, text_margin=8.0)),
+    "real-model": (1200, 200, dataclasses.replace(BASE, text_scale=20.0, vector_weight=3.0)),
+    "real-model-f.1": (1200, 200, dataclasses.replace(BASE, text_scale=20.0, vector_weight=3.0, vector_floor=0.1)),
     "vectoronly": (1200, 200, dataclasses.replace(BASE, text_weight=0.0)),
     "role0.1": (1200, 200, dataclasses.replace(BASE, role_prior=0.1)),
     "role0.2": (1200, 200, dataclasses.replace(BASE, role_prior=0.2)),

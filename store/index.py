@@ -108,7 +108,7 @@ class SearchIndex:
         embedder: Embedder,
         chunk_chars: int = 1200,
         overlap_chars: int = 200,
-        ranking: Ranking = Ranking(),
+        ranking: Ranking | None = None,
         *,
         storage_options: dict[str, str] | None = None,
         shared: bool = False,
@@ -122,7 +122,8 @@ class SearchIndex:
         self._connect_options: dict = {"storage_options": storage_options} if storage_options else {}
         if shared:
             self._connect_options["read_consistency_interval"] = timedelta(0)
-        self.ranking = ranking
+        # An embedder may say how far its vectors can be trusted (gateway/recall/embeddings.py).
+        self.ranking = ranking or getattr(embedder, "ranking", None) or Ranking()
         self._built_with = f"{embedder.name};{_LAYOUT};chunks={chunk_chars}/{overlap_chars}"
         self._embedder = embedder
         self._chunk_chars = chunk_chars

@@ -63,3 +63,13 @@ def test_default_embedder_falls_back_with_a_warning(monkeypatch, caplog):
 
     assert isinstance(embedder, HashingEmbedder)
     assert "WordLlama is unavailable" in caplog.text
+
+
+def test_a_configured_embedding_model_brings_its_own_ranking(tmp_path):
+    from gateway.recall.embeddings import REAL_MODEL_RANKING, RemoteEmbedder
+    from store.index import SearchIndex
+    from store.ranking import Ranking
+
+    remote = SearchIndex(str(tmp_path / "a"), RemoteEmbedder(None, "http://x/v1", "m", "", 8))
+    assert remote.ranking == REAL_MODEL_RANKING and REAL_MODEL_RANKING.text_scale > 0
+    assert SearchIndex(str(tmp_path / "b"), HashingEmbedder()).ranking == Ranking()
