@@ -111,6 +111,8 @@ class PostgresLedger:
             found = {r[0] for r in rows_found}
             if exists and last is not None and epoch != last:
                 found = self._known(conn, sk, epoch, ids)  # the session was started again elsewhere: ask anew
+            if len(self._epochs) > SEEN_CACHE:
+                self._epochs.clear()  # only picks what to probe: forgetting costs one wider query
             self._epochs[sk] = epoch
             for eid in found:
                 self._remember((sk, epoch, eid))
