@@ -45,7 +45,7 @@ class ToolRule(BaseModel):
     tail_tokens: int = Field(100, ge=0, description="Tokens kept from the end of a truncated result.")
 
 
-# Named bundles of the keys that trade fidelity for cost (docs/architecture.md, "Policies").
+# Named bundles of the keys that trade fidelity for cost (docs/architecture.md, "Views").
 # A key set explicitly (in [policy] or an override) wins over its profile's value.
 PROFILES: dict[str, dict[str, Any]] = {
     # Smallest views: a summary and a short raw tail once a session passes 30% of the budget;
