@@ -71,7 +71,9 @@ def open_stores(store_settings) -> tuple[Any, Any]:
     """(ledger, checkpoints) for the ``[store]`` settings."""
     url = getattr(store_settings, "url", None)
     if url:
-        from store.postgres import PostgresCheckpoints, PostgresLedger, open_pool
+        from store.postgres import PostgresLedger
+        from store.postgres_checkpoints import PostgresCheckpoints
+        from store.postgres_pool import open_pool
 
         pool = open_pool(url, max_size=getattr(store_settings, "pool_size", 10), synchronous=store_settings.sync)
         return PostgresLedger(pool=pool), PostgresCheckpoints(pool=pool)

@@ -48,7 +48,7 @@ class DiskCheckpoints:
     """diskcache-backed checkpoints with an in-memory copy per session (read on every request).
 
     The memo is only valid while this process is the store's one writer: that is the embedded
-    deployment. Replicas share checkpoints through `store.postgres.PostgresCheckpoints`,
+    deployment. Replicas share checkpoints through `store.postgres_checkpoints.PostgresCheckpoints`,
     which reads the table on every call instead."""
 
     blocking = False

@@ -76,6 +76,12 @@ class PathSync:
     added: int
 
 
+def event_row(sk: str, parent: str | None, eid: str, seq: int, message: dict, kind: str, now: float) -> tuple:
+    """One events row, as both ledger backends store it (the message in its stored form)."""
+    stored = stored_form(message)
+    return (sk, eid, parent, seq, str(stored.get("role")), kind, now, orjson.dumps(stored))
+
+
 class LedgerStore(Protocol):
     """The interface the gateway depends on; scale-out backends implement the same."""
 
@@ -160,7 +166,7 @@ class Ledger:
                 first_new -= 1
             now = time.time()
             rows = [
-                self._row(sk, ids[i - 1] if i else None, ids[i], seq + n, messages[i], "message", now)
+                event_row(sk, ids[i - 1] if i else None, ids[i], seq + n, messages[i], "message", now)
                 for n, i in enumerate(range(first_new, len(ids)))
             ]
             db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
@@ -206,7 +212,7 @@ class Ledger:
         if self._known(ref.key, epoch, eid):
             return
         now = time.time()
-        self._db.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", self._row(ref.key, parent, eid, seq, message, "message", now))
+        self._db.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", event_row(ref.key, parent, eid, seq, message, "message", now))
         self._remember((ref.key, epoch, eid))
         self._db.execute("UPDATE sessions SET events = events + 1, head = ?, updated = ? WHERE key = ?", (eid, now, ref.key))
 
@@ -224,7 +230,7 @@ class Ledger:
             for message in messages:
                 # Side events chain among themselves so identical recall rounds stay distinct.
                 eid = event_id(f"side:{node}:{count + len(rows)}", message)
-                rows.append(self._row(ref.key, node, eid, seq + len(rows), message, "side", now))
+                rows.append(event_row(ref.key, node, eid, seq + len(rows), message, "side", now))
                 out.append(eid)
             self._db.executemany("INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
             self._db.execute("UPDATE sessions SET events = events + ?, updated = ? WHERE key = ?", (len(rows), now, ref.key))
@@ -267,11 +273,6 @@ class Ledger:
             (ref.key, ref.tenant, ref.session_id, now, now, epoch),
         )
         return 0, epoch
-
-    @staticmethod
-    def _row(sk: str, parent: str | None, eid: str, seq: int, message: dict, kind: str, now: float) -> tuple:
-        stored = stored_form(message)
-        return (sk, eid, parent, seq, str(stored.get("role")), kind, now, orjson.dumps(stored))
 
     # -- reading ---------------------------------------------------------------------------
 

@@ -23,7 +23,6 @@ event loop. The schema is versioned (`store.migrations`).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -35,44 +34,16 @@ import orjson
 from psycopg_pool import ConnectionPool
 
 from store.canonical import event_id, path_ids, stored_form
-from store.ledger import SEEN_CACHE, Event, Ledger, PathSync, SessionRecord, SessionRef, new_epoch
-from store.migrations import migrate_postgres
+from store.ledger import SEEN_CACHE, Event, PathSync, SessionRecord, SessionRef, event_row, new_epoch
+from store.postgres_pool import lock_key, open_pool
 
 log = logging.getLogger("palimpsest.ledger")
 _EVENT_COLUMNS = "id, parent, seq, role, message, created, kind"
 _SESSION_COLUMNS = "key, tenant, session_id, created, updated, events, head, requests, model"
 
 
-def lock_key(name: str) -> int:
-    """A signed 64-bit advisory lock key for a name."""
-    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big", signed=True)
-
-
 def _event(row) -> Event:
     return Event(row[0], row[1], row[2], row[3], orjson.loads(row[4]), row[5], row[6])
-
-
-def open_pool(url: str, *, max_size: int = 10, synchronous: str = "normal") -> ConnectionPool:
-    """A connection pool on a migrated database.
-
-    `synchronous` is ``store.sync``: "normal" sets ``synchronous_commit = off`` on each
-    connection, the embedded store's guarantee (a commit survives the gateway's crash at once,
-    and PostgreSQL's own crash unless it comes within a few hundred milliseconds; measured
-    ~1 ms p50 per request write instead of ~3.5 ms with a WAL flush per commit on this machine's
-    disk). "full" keeps PostgreSQL's default, a flush per commit."""
-
-    def configure(conn) -> None:
-        if synchronous != "full":
-            conn.execute("SET synchronous_commit = off")
-            conn.commit()
-
-    # timeout: a request (or /readyz) waits at most 5 s for a connection while the database is away.
-    pool = ConnectionPool(url, min_size=1, max_size=max_size, open=True, name="palimpsest", timeout=5,
-                          kwargs={"autocommit": False}, configure=configure)
-    pool.wait(timeout=10)
-    with pool.connection() as conn:
-        migrate_postgres(conn)
-    return pool
 
 
 class PostgresLedger:
@@ -126,7 +97,7 @@ class PostgresLedger:
                 first_new -= 1
             now = time.time()
             rows = [
-                _row(sk, ids[i - 1] if i else None, ids[i], seq + n, messages[i], "message", now)
+                event_row(sk, ids[i - 1] if i else None, ids[i], seq + n, messages[i], "message", now)
                 for n, i in enumerate(range(first_new, len(ids)))
             ]
             with conn.pipeline():
@@ -161,7 +132,7 @@ class PostgresLedger:
                 self._remember((ref.key, epoch, eid))
                 return _event(rows_found[0])
             now = time.time()
-            row = _row(ref.key, parent, eid, seq, message, "message", now)
+            row = event_row(ref.key, parent, eid, seq, message, "message", now)
             with conn.pipeline():
                 if not exists:
                     self._create_session(conn, ref, epoch, now)
@@ -234,7 +205,7 @@ class PostgresLedger:
             rows = []
             for message in messages:
                 eid = event_id(f"side:{node}:{count + len(rows)}", message)
-                rows.append(_row(ref.key, node, eid, seq + len(rows), message, "side", now))
+                rows.append(event_row(ref.key, node, eid, seq + len(rows), message, "side", now))
                 out.append(eid)
             if rows:
                 with conn.cursor() as cur:
@@ -392,8 +363,5 @@ def _on_event_loop() -> bool:
     return True
 
 
-def _row(sk: str, parent: str | None, eid: str, seq: int, message: dict, kind: str, now: float) -> tuple:
-    return Ledger._row(sk, parent, eid, seq, message, kind, now)
 
 
-from store.postgres_checkpoints import PostgresCheckpoints  # noqa: E402  (re-exported)

@@ -16,7 +16,7 @@ import orjson
 from psycopg_pool import ConnectionPool
 
 from store.checkpoints import Checkpoint
-from store.postgres import lock_key, open_pool
+from store.postgres_pool import lock_key, open_pool
 
 
 class PostgresCheckpoints:

@@ -29,7 +29,6 @@ from gateway.http.sse import SSEDecoder, StreamAssembler, end_with_error
 from gateway.http.upstream import Upstream, response_headers
 from gateway.keys import LOG_FIELDS, MODEL, PIPELINE, REQUEST_ID, SESSION, TENANT
 from store import call as store_call
-from store.ledger import SessionRef
 
 
 class ChatPipeline:

@@ -26,7 +26,7 @@ import orjson
 from gateway.chat.request import parse_chat_request
 from gateway.http.errors import BadRequest, NotFound
 from gateway.chat.views import ViewBuilder
-from gateway.ops.readonly import CheckpointsAsOf, ConfiguredWindows, NoMetrics, NoSummaries, RecordedWindows, SessionEvents
+from gateway.ops.readonly import CheckpointsAsOf, NoMetrics, NoSummaries, RecordedWindows, SessionEvents
 from store.checkpoints import Checkpoint
 from store.ledger import Event, SessionRecord, SessionRef
 from store.turns import TurnBasis

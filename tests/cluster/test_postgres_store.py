@@ -32,7 +32,8 @@ def stores(request, tmp_path):
             return pair
     else:
         url = request.getfixturevalue("pg_url")
-        from store.postgres import PostgresCheckpoints, PostgresLedger
+        from store.postgres import PostgresLedger
+        from store.postgres_checkpoints import PostgresCheckpoints
 
         def make():
             pair = (PostgresLedger(url, max_connections=4), PostgresCheckpoints(url))
@@ -145,7 +146,7 @@ def test_checkpoints_written_by_one_replica_are_read_by_another(stores):
 
 
 def test_one_checkpoint_per_boundary_even_when_two_replicas_race(pg_url):
-    from store.postgres import PostgresCheckpoints
+    from store.postgres_checkpoints import PostgresCheckpoints
 
     a, b = PostgresCheckpoints(pg_url), PostgresCheckpoints(pg_url)
     first = add_cp(a, "t/x", "boundary-1", "from a")
