@@ -15,6 +15,8 @@ import socket
 import time
 from typing import Any, Callable, TypeVar
 
+from store.interfaces import StoreBusy
+
 log = logging.getLogger("palimpsest.store")
 T = TypeVar("T")
 
@@ -25,14 +27,20 @@ async def call(method: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     (a thread hop would cost more than the call)."""
     if getattr(getattr(method, "__self__", None), "blocking", False):
         return await asyncio.to_thread(method, *args, **kwargs)
-    return method(*args, **kwargs)
+    try:
+        return method(*args, **kwargs)
+    except StoreBusy:  # another process holds the write lock: wait for it off the loop
+        return await asyncio.to_thread(method, *args, **kwargs)
 
 
 async def offload(store, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     """Run `fn` (a function doing several calls on `store`) like `call` would run one of them."""
     if getattr(store, "blocking", False):
         return await asyncio.to_thread(fn, *args, **kwargs)
-    return fn(*args, **kwargs)
+    try:
+        return fn(*args, **kwargs)
+    except StoreBusy:
+        return await asyncio.to_thread(fn, *args, **kwargs)
 
 
 # Who holds a lease: this process, unique across hosts and restarts.

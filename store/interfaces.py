@@ -26,6 +26,13 @@ if TYPE_CHECKING:
     from store.turns import TurnBasis
 
 
+class StoreBusy(Exception):
+    """An embedded store is locked by another writer (another process on the same files).
+
+    Raised instead of waiting when the caller is on the event loop; `store.call` then runs the
+    call again in a worker thread, where the store waits for the lock."""
+
+
 @runtime_checkable
 class LedgerStore(Protocol):
     """The append-only, content-addressed, fork-aware event ledger."""

@@ -17,19 +17,22 @@ also serialises writers across processes).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import secrets
 import sqlite3
+import threading
 import time
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Protocol
+from typing import Iterable
 
 import orjson
 
 from store.canonical import event_id, path_ids, stored_form
+from store.interfaces import StoreBusy
 from store.migrations import migrate_sqlite
 
 
@@ -82,21 +85,6 @@ def event_row(sk: str, parent: str | None, eid: str, seq: int, message: dict, ki
     return (sk, eid, parent, seq, str(stored.get("role")), kind, now, orjson.dumps(stored))
 
 
-class LedgerStore(Protocol):
-    """The interface the gateway depends on; scale-out backends implement the same."""
-
-    def sync(self, ref: SessionRef, messages: list[dict], ids: list[str] | None = None, model: str | None = None) -> PathSync: ...
-    def append(self, ref: SessionRef, parent: str | None, message: dict) -> Event: ...
-    def add_side_events(self, ref: SessionRef, node: str | None, messages: Iterable[dict]) -> list[Event]: ...
-    def get(self, session_key: str, eid: str) -> Event | None: ...
-    def since(self, session_key: str, seq: int) -> list[Event]: ...
-    def session(self, session_key: str) -> SessionRecord | None: ...
-    def sessions(self, tenant: str | None = None) -> list[SessionRecord]: ...
-    def delete_session(self, session_key: str) -> int: ...
-    def expired(self, before: float) -> list[str]: ...
-    def close(self) -> None: ...
-
-
 def new_epoch() -> str:
     """A session incarnation: a deleted session that comes back is a new one."""
     return secrets.token_hex(8)
@@ -104,6 +92,18 @@ def new_epoch() -> str:
 
 _EVENT_COLUMNS = "id, parent, seq, role, message, created, kind"
 SEEN_CACHE = 100_000  # (session, event id) pairs known to exist
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
+def _on_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _event(row) -> Event:
@@ -119,14 +119,21 @@ class Ledger:
 
     blocking = False  # sub-millisecond local calls: the gateway runs them inline (store.call)
 
-    def __init__(self, path: str | Path, *, synchronous: str = "normal", defer_answers: bool = False) -> None:
+    def __init__(self, path: str | Path, *, synchronous: str = "normal", defer_answers: bool = False,
+                 busy_timeout_s: float = 10.0) -> None:
         root = Path(path)
         root.mkdir(parents=True, exist_ok=True)
         # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT).
         self._db = sqlite3.connect(str(root / "ledger.sqlite3"), isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={'FULL' if synchronous == 'full' else 'NORMAL'}")
-        self._db.execute("PRAGMA busy_timeout=10000")
+        # No busy wait inside SQLite: a writer that finds the database locked by another process
+        # (a CLI, a second gateway) must not hold the event loop for up to `busy_timeout_s`.
+        # `_transaction` waits itself: off the loop it retries, on the loop it raises StoreBusy
+        # and `store.call` moves the call to a worker thread.
+        self._db.execute("PRAGMA busy_timeout=0")
+        self._busy_timeout_s = busy_timeout_s
+        self._lock = threading.RLock()  # the connection is shared by the loop and worker threads
         # No automatic WAL checkpoints on the request path: a checkpoint syncs the database
         # file, which is what made the slowest requests slow. `checkpoint()` runs them from
         # a worker thread on its own connection instead.
@@ -238,13 +245,30 @@ class Ledger:
 
     @contextmanager
     def _transaction(self):
-        self._db.execute("BEGIN IMMEDIATE")
+        deadline = time.monotonic() + self._busy_timeout_s
+        while True:
+            self._lock.acquire()
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                break
+            except sqlite3.OperationalError as exc:
+                self._lock.release()
+                if not _is_busy(exc):
+                    raise
+                if _on_event_loop():
+                    raise StoreBusy("the ledger is locked by another writer") from exc
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.005)  # our lock is released meanwhile: readers on the loop go on
         try:
             yield
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
-        self._db.execute("COMMIT")
+        else:
+            self._db.execute("COMMIT")
+        finally:
+            self._lock.release()
 
     def _known(self, sk: str, epoch: str, eid: str) -> bool:
         # Events of one session incarnation are never deleted, so "known" can be cached;
