@@ -1,6 +1,6 @@
 """Recall ranking: hit@1 / hit@5 of the search index alone, on a tuning and a held-out split.
 
-    .venv/bin/python bench/ranking.py                    # default ranking, ~2 minutes on 2 CPUs
+    .venv/bin/python bench/ranking.py                    # old vs tuned default, ~2 minutes on 2 CPUs
     .venv/bin/python bench/ranking.py --quick            # a third of the cases
     .venv/bin/python bench/ranking.py --variants all     # every candidate side by side (slower)
     .venv/bin/python bench/ranking.py --variants base,neighbour --json out.json
@@ -51,7 +51,7 @@ BASE = Ranking()
 # name -> (chunk_chars, overlap_chars, Ranking)
 VARIANTS: dict[str, tuple[int, int, Ranking]] = {
     "base": (1200, 200, BASE),
-    "old": (1200, 200, Ranking(vector_floor=0.3, neighbour=0.0, clean_vector_query=False)),
+    "old": (1200, 200, Ranking(vector_weight=1.0)),  # before issue 10's tuning
     "floor0.2": (1200, 200, dataclasses.replace(BASE, vector_floor=0.2)),
     "floor0.4": (1200, 200, dataclasses.replace(BASE, vector_floor=0.4)),
     "text1.5": (1200, 200, dataclasses.replace(BASE, text_weight=1.5)),
@@ -273,7 +273,7 @@ async def run(args) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a third of the cases and seeds")
-    parser.add_argument("--variants", default="base", help="comma-separated names, or 'all'")
+    parser.add_argument("--variants", default="old,base", help="comma-separated names, or 'all'")
     parser.add_argument("--workloads", default="lme,agent,planted")
     parser.add_argument("--cases", type=int, default=None, help="LongMemEval cases (default all)")
     parser.add_argument("--seeds", default=None, help="agent session seeds (default 1,2,3,4)")
