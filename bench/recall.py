@@ -67,12 +67,13 @@ def recall_trace(bodies: list[dict]) -> dict:
     the gateway appends each recall call and its result to the view."""
     if not bodies:
         return {"searches": 0, "loads": 0, "loaded": [], "search_results": [], "tool_errors": 0,
-                "from_passage": False}
+                "from_passage": False, "with_passage": set()}
     last = bodies[-1]["messages"]
     names: dict[str, str] = {}
     searches = loads = tool_errors = 0
     loaded: list[str] = []
     passages: list[str] = []
+    with_passage: set[str] = set()
     search_results: list[list[str]] = []
     for m in last:
         for call in m.get("tool_calls") or ():
@@ -100,10 +101,12 @@ def recall_trace(bodies: list[dict]) -> dict:
                 top = (result.get("results") or [{}])[0]
                 if top.get("passage"):
                     passages.append(top["event_id"])
+                with_passage.update(h["event_id"] for h in result.get("results", ()) if h.get("passage"))
     # A model that answered from the top hit's passage read that event without loading it.
     read = loaded if loads else passages[-1:]
     return {"searches": searches, "loads": loads, "loaded": read, "search_results": search_results,
-            "tool_errors": tool_errors, "from_passage": not loads and bool(passages)}
+            "tool_errors": tool_errors, "from_passage": not loads and bool(passages),
+            "with_passage": with_passage}
 
 
 def words(text: str) -> list[str]:
@@ -219,6 +222,7 @@ async def lme_case(bench: Bench, client: Client, case: dict, *, stream: bool, st
         "loaded_evidence": loaded_ev, "evidence_in_view": visible,
         "evidence_available": loaded_ev or visible or auto_ev,
         "auto_block": bool(block), "auto_evidence": auto_ev, "direct_fits": full_tokens <= 32_000,
+        "passage_evidence": bool(trace["with_passage"] & ev_ids),
         "auto_word_recall": word_recall(str(case["answer"]), block) if block else 0.0,
         "from_passage": trace["from_passage"], "split": split_of(case["question_id"]),
         "answer_in_evidence": bool(answer) and any(answer[:300] in e for e in evidence),
@@ -259,7 +263,7 @@ def lme_summary(rows: list[dict]) -> dict:
         "hit10": sum(1 for r in ranked if r is not None and r <= 10) / n,
         "hidden_top5": mean("hidden_scope_top5"),
         "auto_block": mean("auto_block"), "auto_evidence": mean("auto_evidence"),
-        "direct_fits": mean("direct_fits"),
+        "direct_fits": mean("direct_fits"), "passage_evidence": mean("passage_evidence"),
         "auto_word_recall": mean("auto_word_recall"), "from_passage": mean("from_passage"),
         "by_split": {split: {"n": len(part),
                              "loaded_evidence": sum(r["loaded_evidence"] for r in part) / len(part),
@@ -539,6 +543,8 @@ def checks(result: dict) -> list[str]:
                    f"{'fits ' + format(s['direct_fits'], '.3f') + ' (rest rejected)':<26} "
                    f"{format(s['loaded_evidence'], '.3f') + ' (' + parts + ')':<44} >= 0.95 "
                    f"{ok(s['loaded_evidence'] >= 0.95)}")
+        out.append(f"{'  ... in any passage of the search result (top 3)':<52} {'':<26} "
+                   f"{format(s['passage_evidence'], '.3f'):<44}")
         parts = ", ".join(f"{k} {v['evidence_available']:.3f}" for k, v in split.items())
         out.append(f"{'  ... read, in the view or in the auto block':<52} {'':<26} "
                    f"{format(s['evidence_available'], '.3f') + ' (' + parts + ')':<44} "
