@@ -21,7 +21,7 @@ import hmac
 
 from aiohttp import web
 
-from gateway.http.errors import Unauthorized
+from gateway.http.errors import BadRequest, Unauthorized
 from store.ledger import SessionRef
 
 ANONYMOUS = "anonymous"
@@ -32,6 +32,11 @@ def credential_of(request: web.Request) -> str:
     if auth[:7].lower() == "bearer ":
         return auth[7:].strip()
     return auth.strip() or request.headers.get("api-key", "").strip()
+
+
+def _raw(credential: str) -> bytes:
+    """The credential's bytes as the client sent them (undecodable bytes included)."""
+    return credential.encode("utf-8", "surrogateescape")
 
 
 class Identity:
@@ -55,12 +60,12 @@ class Identity:
             return cached
         tenant = None
         for name, key in self._tenants:
-            if hmac.compare_digest(credential.encode(), key):
+            if hmac.compare_digest(_raw(credential), key):
                 tenant = name
         if tenant is None:
             if self.require_key:
                 raise Unauthorized("Incorrect API key provided: this gateway accepts only its configured client keys.")
-            tenant = "t_" + hashlib.blake2b(credential.encode(), digest_size=8, person=b"palimpsest-tnt").hexdigest()
+            tenant = "t_" + hashlib.blake2b(_raw(credential), digest_size=8, person=b"palimpsest-tnt").hexdigest()
         if len(self._cache) > 10_000:
             self._cache.clear()
         self._cache[credential] = tenant
@@ -70,6 +75,10 @@ class Identity:
         """The request's session, or None for pure pass-through (no header, fallback off)."""
         session_id = request.headers.get(self._header, "").strip()
         if session_id:
+            try:
+                session_id.encode()
+            except UnicodeEncodeError:  # aiohttp hands undecodable header bytes over as surrogates
+                raise BadRequest(f"The {self._header} header must be UTF-8 text.", param=self._header) from None
             return SessionRef(tenant, session_id[:256])
         if self._fallback == "fingerprint" and first_event_id is not None:
             # Safe because the ledger is content-addressed: conversations that share the

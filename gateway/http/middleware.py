@@ -42,6 +42,13 @@ async def error_middleware(request: web.Request, handler):
             if name in exc.headers:
                 response.headers[name] = exc.headers[name]
         return response
+    except web.RequestPayloadError:
+        # The body could not be read as sent (a gzip body that does not decode, a broken
+        # chunked encoding): the client's error, whatever the handler was doing with it.
+        if _started(request):
+            raise
+        return error_response(400, "The request body could not be decoded as its Content-Encoding says.",
+                              "invalid_request_error", None, "invalid_body")
     except Exception:
         # Never the message text or credentials: only the route and the exception type/trace.
         log.exception("unhandled error on %s %s", request.method, request.path)

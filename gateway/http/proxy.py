@@ -30,8 +30,8 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     body = None
     if request.body_exists:
         body = request.content
-        if request.content_length is not None:
-            headers["Content-Length"] = str(request.content_length)
+        if request.content_length is not None and "Content-Encoding" not in request.headers:
+            headers["Content-Length"] = str(request.content_length)  # decoded bodies go chunked
     status = 502
     response: web.StreamResponse | None = None
     try:

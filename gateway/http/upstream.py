@@ -98,8 +98,8 @@ class Upstream:
         out: CIMultiDict[str] = CIMultiDict()
         for name, value in incoming.items():
             lname = name.lower()
-            if lname in HOP_BY_HOP or lname in drop:
-                continue
+            if lname in HOP_BY_HOP or lname in drop or lname == "content-encoding":
+                continue  # content-encoding: aiohttp hands the gateway the request body decoded
             out.add(name, value)
         if self.api_key:
             out.popall("Authorization", None)
