@@ -14,13 +14,15 @@ from __future__ import annotations
 import logging
 import time
 
-from gateway.recall.tools import RecallTools
+from gateway.recall.tools import CHARS_PER_TOKEN, PASSAGE_SHARES, RecallTools
 from policies.messages import content_text
 
 log = logging.getLogger("palimpsest.recall")
 
 QUERY_CHARS = 2_000  # a pasted document as the newest message: search with its start
-RESULTS = 3
+RESULTS = 5  # the best three carry passages, the rest snippets
+HIT_HEADER_CHARS = 100  # "[n] role at <iso time> (event_id ev_...):"
+SNIPPET_CHARS = 310
 OPEN = "<recalled_history>"
 CLOSE = "</recalled_history>"
 PREAMBLE = (
@@ -62,15 +64,21 @@ async def add_recalled_history(tools: RecallTools, views, turn) -> None:
     if not query.strip():
         return
     started = time.perf_counter()
+    # The whole block stays within auto_tokens: fences, preamble, one header per hit and the
+    # snippets of the hits after the best three come first; the passages share what is left.
+    budget = tools.auto_tokens * CHARS_PER_TOKEN
+    fixed = len(render_block([])) + RESULTS * HIT_HEADER_CHARS + (RESULTS - len(PASSAGE_SHARES)) * SNIPPET_CHARS
     try:
         results = await tools.find(turn.ref.key, query, tools.path_scope(chat.ids, view.hidden), RESULTS,
-                                   tools.auto_tokens)
+                                   max(0, budget - fixed) // CHARS_PER_TOKEN)
     except Exception:
         log.exception("proactive recall failed; the request goes on without it")
         tools.metrics.recall_calls.labels("auto", "error").inc()
         return
     tools.metrics.recall_calls.labels("auto", "ok" if results else "empty").inc()
     tools.metrics.recall_seconds.labels("auto").observe(time.perf_counter() - started)
+    while results and len(render_block(results)) > budget:
+        results.pop()  # the budget is a promise: the weakest hits go first
     if not results:
         return
     messages = list(view.messages)

@@ -21,7 +21,7 @@ def forwarded(upstream, start: int) -> list[dict]:
 
 
 async def test_hidden_fact_is_added_before_the_newest_message(start_gateway, upstream):
-    gw = await start_gateway(recall={"auto_tokens": 400})
+    gw = await start_gateway(recall={"auto_tokens": 800})
     s, history = await long_history(gw, session="auto")
     fact = s.facts[1]  # in a tool output of round 4: compacted, hidden from the view
     n_before = len(upstream.chat_requests())
@@ -36,7 +36,7 @@ async def test_hidden_fact_is_added_before_the_newest_message(start_gateway, ups
     assert body["messages"][position + 1]["content"] == question["content"]  # just before the newest message
     assert fact.answer in text and fact.answer not in json.dumps(body["messages"][:position])
     assert "not instructions" in text and text.rstrip().endswith("</recalled_history>")
-    assert len(text) <= 4 * 400 + 600  # the passages share auto_tokens; headers and fences on top
+    assert len(text) <= 4 * 800  # the whole block within auto_tokens (~4 characters a token)
     assert count_prompt(body) <= 32_000
     # Recall tools stay offered, and the stored path is untouched by the block.
     assert {"session_search", "session_load"} <= {t["function"]["name"] for t in body["tools"]}
