@@ -7,6 +7,9 @@ the best passages to the view, as one fenced block placed just before that messa
 prefix before it stays byte-stable for provider prompt caches). The block says it is
 historical data, not instructions. It costs no upstream call; it must fit the window, so the
 grown view is refitted, and a block that cannot fit is left out. Recall tools stay offered.
+Only a request that ends with a user message (a fresh question or instruction) gets a block;
+the tool-result continuations of an agent loop, which repeat the same newest user message on
+every call, do not pay for it again.
 """
 
 from __future__ import annotations
@@ -42,10 +45,13 @@ def render_block(results: list[dict]) -> str:
     return "\n\n".join(lines)
 
 
-def _newest_user(history: list[dict]) -> int | None:
-    for position in range(len(history) - 1, -1, -1):
-        if history[position].get("role") == "user":
-            return position
+def _fresh_question(history: list[dict]) -> int | None:
+    """The position of the newest user message when it is what this request answers: the last
+    message after the instructions. A request that ends in tool results (or an assistant turn)
+    continues an agent loop whose task the model has already seen, with or without a block:
+    repeating the search on each of its calls would only spend the budget again."""
+    if history and history[-1].get("role") == "user":
+        return len(history) - 1
     return None
 
 
@@ -57,7 +63,7 @@ async def add_recalled_history(tools: RecallTools, views, turn) -> None:
     view, chat = turn.view, turn.chat
     if tools.auto_tokens <= 0 or not view.hidden or view.messages is None or turn.ref is None:
         return
-    newest = _newest_user(chat.history)
+    newest = _fresh_question(chat.history)
     if newest is None:
         return
     query = content_text(chat.history[newest].get("content"))[:QUERY_CHARS]

@@ -82,3 +82,31 @@ def test_passage_centres_on_the_match_or_on_a_meaning_only_hit():
     meaning = passage(text, "booking reference", "… filler line The reservation code is ZFA04Y. more filler…", 600)
     assert "ZFA04Y" in meaning
     assert passage("short text", "anything", "", 600) == "short text"
+
+
+async def test_only_a_fresh_user_message_gets_a_block_not_an_agent_loop_continuation(start_gateway, upstream):
+    gw = await start_gateway(recall={"auto_tokens": 800})
+    s, history = await long_history(gw, session="auto-loop")
+    fact = s.facts[1]  # hidden from the view; the newest user message asks for it
+    question = {"role": "user", "content": f"Before the next step: {fact.question}"}
+    call = {"id": "call_loop_1", "type": "function",
+            "function": {"name": "read_file", "arguments": json.dumps({"path": "src/app.py"})}}
+    continuation = history + [
+        question,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_loop_1", "content": "def main():\n    return 0\n"},
+    ]
+    n_before = len(upstream.chat_requests())
+    r = await client(gw, "auto-loop").chat.completions.create(model="fake-32k", messages=continuation, tools=TOOL_SPECS)
+    assert r.choices[0].message.content or r.choices[0].message.tool_calls
+    sent = forwarded(upstream, n_before)
+    assert sent and all(not blocks(body) for body in sent)  # a tool-result continuation: no block
+    assert sent[0]["messages"][-1]["role"] == "tool"
+
+    # The same question as the request's last message is a fresh question: the block is there.
+    n_before = len(upstream.chat_requests())
+    await client(gw, "auto-loop").chat.completions.create(model="fake-32k", messages=history + [question], tools=TOOL_SPECS)
+    body = forwarded(upstream, n_before)[0]
+    found = blocks(body)
+    assert len(found) == 1 and fact.answer in found[0][1]
+    assert body["messages"][found[0][0] + 1]["content"] == question["content"]
