@@ -165,6 +165,17 @@ class GatewayProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def rss_parts(self) -> dict[str, int]:
+        """RssAnon (heap), RssFile (mapped files: SQLite, the index), RssShmem, in bytes."""
+        if not self.alive:
+            return {}
+        out = {}
+        with open(f"/proc/{self.proc.pid}/status") as status:
+            for line in status:
+                if line.startswith(("RssAnon:", "RssFile:", "RssShmem:")):
+                    out[line.split(":")[0]] = int(line.split()[1]) * 1024
+        return out
+
     def rss_bytes(self) -> int:
         if not self.alive:
             return 0

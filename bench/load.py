@@ -56,6 +56,7 @@ class Stats:
     queue_depth_max: float = 0.0
     metrics_last: dict[str, float] = field(default_factory=dict)
     aborted: int = 0
+    rss_parts: list[tuple[float, dict]] = field(default_factory=list)
 
 
 async def agent(client: Client, c: int, sessions: int, rounds: int, stop_at: float, stats: Stats, rng: random.Random,
@@ -112,6 +113,7 @@ async def observe(gateway: GatewayProcess, started: float, stop_at: float, stats
     async with aiohttp.ClientSession() as http:
         while time.monotonic() < stop_at:
             stats.rss.append((time.monotonic() - started, gateway.rss_bytes()))
+            stats.rss_parts.append((time.monotonic() - started, gateway.rss_parts()))
             with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
                 async with http.get(gateway.url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
                     stats.metrics_last = parse_metrics(await r.text())
@@ -196,6 +198,7 @@ async def run(args) -> dict:
         "sigterm_exit": rc, "sigterm_s": round(sigterm_s, 2), "aborted": stats.aborted,
         "rss_timeline_mb": [(round(t), round(b / 2**20)) for t, b in stats.rss[:: max(1, len(stats.rss) // 12)]],
         "warmup_s": warm,
+        "rss_parts_mb": [(round(t), {k: round(v / 2**20) for k, v in p.items()}) for t, p in stats.rss_parts[:: max(1, len(stats.rss_parts) // 6)]],
         "summary_metrics": {k: v for k, v in m.items() if "summary" in k and k.endswith(":sum")},
     }
 
@@ -225,6 +228,7 @@ def render(r: dict) -> str:
                f"{r['aborted']} streams abandoned by their client after the first chunk (then asked again); SIGTERM after the run: exit code {r['sigterm_exit']} in {r['sigterm_s']} s")
     out.append(f"RSS (s: MB) {', '.join(f'{t}: {mb}' for t, mb in r['rss_timeline_mb'])}; baseline taken at {r['warmup_s']:.0f} s "
                "(the recall index, LanceDB and WordLlama, adds ~0.5 GB once, when the first session hides history)")
+    out.append("RSS by kind (s: anon/file MB) " + ", ".join(f"{t}: {p.get('RssAnon', 0)}/{p.get('RssFile', 0)}" for t, p in r["rss_parts_mb"]))
     for example in r["error_examples"]:
         out.append(f"  ! {example}")
     return "\n".join(out)
