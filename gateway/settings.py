@@ -100,7 +100,7 @@ class RecallSettings(_Section):
         600, ge=0, le=8000, description="Tokens of matching passages a search result carries for its best hits (0 = snippets only)."
     )
     auto_tokens: int = Field(
-        0, ge=0, le=8000, description="Proactive recall: tokens of hidden history, found with the newest user message, added to the view (0 = off)."
+        600, ge=0, le=8000, description="Proactive recall: tokens of hidden history, found with a fresh user message, added to the view (0 = off)."
     )
     index_uri: str = Field("", description="LanceDB URI of the recall index (s3://bucket/prefix for replicas); empty = <store.path>/index.")
     index_endpoint: str = Field("", description="S3-compatible endpoint URL for index_uri (MinIO, moto, ...); empty = AWS.")

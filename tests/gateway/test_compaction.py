@@ -68,7 +68,8 @@ async def test_placeholders_are_stable_across_turns(start_gateway, upstream):
     # A big window and no summaries: only tool-result compaction changes the view.
     gw = await start_gateway(policy={"summary_trigger_ratio": 0.01, "sync_compaction_ratio": 1.0, "keep_recent_rounds": 2,
                                      "compact_batch_rounds": 3, "compact_trigger_ratio": 0.05, "view_target_ratio": 0.02},
-                             models={"fake-128k": {"context_window": 128_000}})
+                             models={"fake-128k": {"context_window": 128_000}},
+                             recall={"auto_tokens": 0})  # no proactive recall block: isolate compaction
     gw.app[SUMMARIZER].after_turn = lambda *a, **k: None  # no checkpoints: isolate compaction
     await drive(client(gw, "stable"), synthetic_session(seed=2, rounds=14), model="fake-128k")
     sent = [r["json"]["messages"] for r in upstream.chat_requests()]
@@ -223,7 +224,8 @@ async def test_forks_choose_their_own_checkpoint(start_gateway, upstream):
 async def test_one_summary_job_per_session_under_concurrency(start_gateway, upstream):
     # A low trigger: every turn of the wave is over it and asks for a summary.
     gw = await start_gateway(policy={"summary_trigger_ratio": 0.1, "sync_compaction_ratio": 0.95, "profile": "economy",
-                                     "keep_recent_tokens": 1000})
+                                     "keep_recent_tokens": 1000},
+                             recall={"auto_tokens": 0})  # no proactive recall search before forwarding: isolate summary jobs
     session = synthetic_session(seed=9, rounds=22)
     history, _ = await drive(client(gw, "conc"), session, model="fake-32k")
     await settle(gw)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from gateway.keys import SETTINGS
 from simulator.puppet import count_prompt
 from simulator.workloads import TOOL_SPECS
 from tests.gateway.test_recall import client, long_history
@@ -46,11 +47,20 @@ async def test_hidden_fact_is_added_before_the_newest_message(start_gateway, ups
     assert again.choices[0].message.content
 
 
-async def test_off_by_default_and_only_when_something_is_hidden(start_gateway, upstream):
+async def test_on_by_default_off_with_zero_and_only_when_something_is_hidden(start_gateway, upstream):
     gw = await start_gateway()
-    s, history = await long_history(gw, session="no-auto")
+    assert gw.app[SETTINGS].recall.auto_tokens == 600
+    s, history = await long_history(gw, session="default-auto")
     n_before = len(upstream.chat_requests())
-    await client(gw, "no-auto").chat.completions.create(
+    await client(gw, "default-auto").chat.completions.create(
+        model="fake-32k", messages=history + [{"role": "user", "content": s.facts[1].question}], tools=TOOL_SPECS)
+    found = blocks(forwarded(upstream, n_before)[0])
+    assert len(found) == 1 and len(found[0][1]) <= 4 * 600
+
+    gw0 = await start_gateway(recall={"auto_tokens": 0})
+    s, history = await long_history(gw0, session="no-auto")
+    n_before = len(upstream.chat_requests())
+    await client(gw0, "no-auto").chat.completions.create(
         model="fake-32k", messages=history + [{"role": "user", "content": s.facts[1].question}], tools=TOOL_SPECS)
     assert not blocks(forwarded(upstream, n_before)[0])
 
