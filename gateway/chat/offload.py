@@ -26,7 +26,7 @@ from gateway.chat.views import View, ViewBuilder
 from store.canonical import path_ids
 from store.ledger import SessionRef
 
-BIG_BODY_BYTES = 512 * 1024
+BIG_BODY_BYTES = 128 * 1024
 
 
 def is_big(raw: bytes) -> bool:

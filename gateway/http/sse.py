@@ -22,28 +22,36 @@ from gateway.http.errors import GatewayError
 
 
 class SSEDecoder:
+    """Incremental: each byte is scanned for an event end once, however the stream is cut
+    (an event of many megabytes arriving in 64 KiB chunks stays linear, not quadratic)."""
+
     def __init__(self) -> None:
-        self._buffer = b""
+        self._buffer = bytearray()
+        self._scanned = 0  # bytes of the buffer already known to hold no event end
 
     def feed(self, chunk: bytes) -> list[str]:
         """Bytes in, complete events' data out (as text, e.g. '{...}' or '[DONE]')."""
         self._buffer += chunk
         out: list[str] = []
         while True:
-            cut, sep = _find_event_end(self._buffer)
+            # A separator may straddle the previous scan's end: step back by its length.
+            cut, sep = _find_event_end(self._buffer, max(0, self._scanned - 3))
             if cut < 0:
+                self._scanned = len(self._buffer)
                 return out
-            raw, self._buffer = self._buffer[:cut], self._buffer[cut + sep :]
+            raw = bytes(self._buffer[:cut])
+            del self._buffer[: cut + sep]
+            self._scanned = 0
             data = [line[5:].lstrip(b" ") if line.startswith(b"data:") else None for line in raw.splitlines()]
             lines = [d for d in data if d is not None]
             if lines:
                 out.append(b"\n".join(lines).decode("utf-8", "replace"))
 
 
-def _find_event_end(buffer: bytes) -> tuple[int, int]:
+def _find_event_end(buffer: bytearray, start: int = 0) -> tuple[int, int]:
     best, size = -1, 0
     for sep in (b"\n\n", b"\r\n\r\n", b"\r\r"):
-        i = buffer.find(sep)
+        i = buffer.find(sep, start)
         if i >= 0 and (best < 0 or i < best):
             best, size = i, len(sep)
     return best, size
