@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import secrets
-import socket
 import time
 from typing import Any, Callable, TypeVar
 
+from store.holders import HOLDER
 from store.interfaces import StoreBusy
 
 log = logging.getLogger("palimpsest.store")
@@ -43,8 +41,6 @@ async def offload(store, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> 
         return await asyncio.to_thread(fn, *args, **kwargs)
 
 
-# Who holds a lease: this process, unique across hosts and restarts.
-HOLDER = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
 
 class Lease:

@@ -11,9 +11,9 @@ import hashlib
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol
-
 import diskcache
+
+from store.holders import holder_is_gone
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,16 +32,6 @@ class Checkpoint:
     previous: str | None = None
     summary_tokens: int = 0
     meta: dict = field(default_factory=dict)
-
-
-class CheckpointStore(Protocol):
-    def add(self, session_key: str, *, boundary: str, summary: str, state: dict, covered_tokens: int,
-            covered_events: int, model: str, mode: str, previous: str | None, summary_tokens: int) -> Checkpoint: ...
-    def list(self, session_key: str) -> list[Checkpoint]: ...
-    def newest_on_path(self, session_key: str, positions: dict[str, int]) -> tuple[Checkpoint, int] | None: ...
-    def delete_session(self, session_key: str) -> int: ...
-    def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool: ...
-    def release_lease(self, name: str, holder: str) -> None: ...
 
 
 class DiskCheckpoints:
@@ -109,7 +99,7 @@ class DiskCheckpoints:
         key = f"lease:{name}"
         with self._cache.transact():
             current = self._cache.get(key)
-            if current is not None and current != holder:
+            if current is not None and current != holder and not holder_is_gone(current):
                 return False
             self._cache.set(key, holder, expire=ttl_s)
         return True

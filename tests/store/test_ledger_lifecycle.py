@@ -191,3 +191,24 @@ def test_summary_lease_is_exclusive_until_released_or_expired(tmp_path):
     assert a.acquire_lease("sess", "a", 60)  # b's lease expired
     a.close()
     b.close()
+
+
+def test_a_lease_whose_holder_process_is_gone_is_free(tmp_path):
+    """kill -9 during a summary leaves its lease behind; the restarted gateway on the same
+    host must not wait for it to expire before summarising that session again."""
+    import os
+    import subprocess
+    import sys
+
+    from store.holders import HOST, HOLDER
+
+    checkpoints = DiskCheckpoints(tmp_path)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_holder = f"{HOST}:{int(dead.stdout)}:dead"
+    assert checkpoints.acquire_lease("summary:s", dead_holder, 600)
+    assert checkpoints.acquire_lease("summary:s", HOLDER, 600)  # its process is gone: taken over
+    # A live holder on this host, or any holder on another host, keeps its lease until it expires.
+    assert not checkpoints.acquire_lease("summary:s", f"{HOST}:{os.getpid()}:other", 600)
+    assert checkpoints.acquire_lease("summary:t", "elsewhere:1:x", 600)
+    assert not checkpoints.acquire_lease("summary:t", HOLDER, 600)
+    checkpoints.close()
