@@ -132,7 +132,6 @@ class SummarySettings(_Section):
     )
 
 
-
 class LogSettings(_Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     json_format: bool = Field(False, alias="json", description="One JSON object per line.")
