@@ -34,6 +34,16 @@ class Checkpoint:
     meta: dict = field(default_factory=dict)
 
 
+def newest_on_path(checkpoints: list[Checkpoint], positions: dict[str, int]) -> tuple[Checkpoint, int] | None:
+    """The newest of a session's checkpoints (oldest first) whose boundary is on the request's
+    path (`positions`: event id -> index), with that index; both checkpoint stores use it."""
+    for cp in reversed(checkpoints):
+        pos = positions.get(cp.boundary)
+        if pos is not None:
+            return cp, pos
+    return None
+
+
 class DiskCheckpoints:
     """diskcache-backed checkpoints with an in-memory copy per session (read on every request).
 
@@ -77,12 +87,7 @@ class DiskCheckpoints:
         return list(found)
 
     def newest_on_path(self, session_key: str, positions: dict[str, int]) -> tuple[Checkpoint, int] | None:
-        """The newest checkpoint whose boundary is on the path (`positions`: event id -> index)."""
-        for cp in reversed(self.list(session_key)):
-            pos = positions.get(cp.boundary)
-            if pos is not None:
-                return cp, pos
-        return None
+        return newest_on_path(self.list(session_key), positions)
 
     def delete_session(self, session_key: str) -> int:
         """Delete every checkpoint of the session; returns how many there were."""

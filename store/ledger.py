@@ -114,6 +114,16 @@ def _session(row) -> SessionRecord:
     return SessionRecord(*row)
 
 
+def side_event_rows(sk: str, node: str | None, existing: int, seq: int, messages: Iterable[dict], now: float) -> list[tuple]:
+    """Rows for gateway-made messages hung off `node`, which has `existing` side events already.
+    Side events chain among themselves, so identical recall rounds stay distinct."""
+    rows: list[tuple] = []
+    for message in messages:
+        eid = event_id(f"side:{node}:{existing + len(rows)}", message)
+        rows.append(event_row(sk, node, eid, seq + len(rows), message, "side", now))
+    return rows
+
+
 class Ledger:
     """SQLite-backed ledger. Synchronous calls: each is short and runs one transaction."""
 
@@ -233,12 +243,8 @@ class Ledger:
                 "SELECT COUNT(*) FROM events WHERE session_key = ? AND parent IS ? AND kind = 'side'", (ref.key, node)
             ).fetchone()
             now = time.time()
-            rows = []
-            for message in messages:
-                # Side events chain among themselves so identical recall rounds stay distinct.
-                eid = event_id(f"side:{node}:{count + len(rows)}", message)
-                rows.append(event_row(ref.key, node, eid, seq + len(rows), message, "side", now))
-                out.append(eid)
+            rows = side_event_rows(ref.key, node, count, seq, messages, now)
+            out = [row[1] for row in rows]
             self._db.executemany("INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
             self._db.execute("UPDATE sessions SET events = events + ?, updated = ? WHERE key = ?", (len(rows), now, ref.key))
         return self.get_many(ref.key, out)

@@ -34,7 +34,7 @@ import orjson
 from psycopg_pool import ConnectionPool
 
 from store.canonical import event_id, path_ids, stored_form
-from store.ledger import SEEN_CACHE, Event, PathSync, SessionRecord, SessionRef, event_row, new_epoch
+from store.ledger import SEEN_CACHE, Event, PathSync, SessionRecord, SessionRef, event_row, new_epoch, side_event_rows
 from store.postgres_pool import lock_key, open_pool
 
 log = logging.getLogger("palimpsest.ledger")
@@ -202,11 +202,8 @@ class PostgresLedger:
                 "SELECT COUNT(*) FROM events WHERE session_key = %s AND parent IS NOT DISTINCT FROM %s AND kind = 'side'", (ref.key, node)
             ).fetchone()
             now = time.time()
-            rows = []
-            for message in messages:
-                eid = event_id(f"side:{node}:{count + len(rows)}", message)
-                rows.append(event_row(ref.key, node, eid, seq + len(rows), message, "side", now))
-                out.append(eid)
+            rows = side_event_rows(ref.key, node, count, seq, messages, now)
+            out = [row[1] for row in rows]
             if rows:
                 with conn.cursor() as cur:
                     cur.executemany("INSERT INTO events VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING", rows)

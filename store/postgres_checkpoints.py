@@ -15,7 +15,7 @@ from dataclasses import asdict
 import orjson
 from psycopg_pool import ConnectionPool
 
-from store.checkpoints import Checkpoint
+from store.checkpoints import Checkpoint, newest_on_path
 from store.postgres_pool import lock_key, open_pool
 
 
@@ -54,11 +54,7 @@ class PostgresCheckpoints:
         return [Checkpoint(**orjson.loads(r[0])) for r in rows]
 
     def newest_on_path(self, session_key: str, positions: dict[str, int]) -> tuple[Checkpoint, int] | None:
-        for cp in reversed(self.list(session_key)):
-            pos = positions.get(cp.boundary)
-            if pos is not None:
-                return cp, pos
-        return None
+        return newest_on_path(self.list(session_key), positions)
 
     def delete_session(self, session_key: str) -> int:
         with self._pool.connection() as conn:
