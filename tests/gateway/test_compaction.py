@@ -238,6 +238,9 @@ async def test_one_summary_job_per_session_under_concurrency(start_gateway, upst
 
     before = jobs()
     upstream.state.latency_s = 0.2
+    # The first job must still be running when the last turn of the wave ends, however slow
+    # the machine: a job that finished may rightly be followed by the next one.
+    upstream.state.summary_latency_s = 5.0
     await asyncio.gather(*(client(gw, "conc").chat.completions.create(model="fake-32k", messages=history + [{"role": "user", "content": f"q{i} " + "details " * 1500}]) for i in range(10)))
     await settle(gw)
     enqueued, busy = (a - b for a, b in zip(jobs(), before))
