@@ -54,7 +54,15 @@ async def test_sessions_stay_correct_with_affinity_sprayed_and_across_a_kill(run
         await phase(agents, 3)
         # Consistent hashing: each session was served by one replica.
         assert all(len(a.replicas) == 1 for a in agents)
-        assert len({r for a in agents for r in a.replicas}) == REPLICAS  # and sessions spread over both
+        # And sessions spread over both replicas. Where five ids land depends on the ring (the
+        # replicas' ports are random), so one-turn probe sessions add ids until a spread shows;
+        # with hashing broken to one replica, 30 probes never find the other.
+        probes: list[Agent] = []
+        while len({r for a in agents + probes for r in a.replicas}) < REPLICAS and len(probes) < 30:
+            probes.append(Agent(f"t-probe-{len(probes)}", lb_url(env), http, 30))
+            await phase(probes[-1:], 1)
+        assert len({r for a in agents + probes for r in a.replicas}) == REPLICAS
+        assert all(len(a.replicas) == 1 for a in probes)
         for a in agents:
             a.replicas.clear()
         cluster({**env, "AFFINITY": "0"}, "nginx", str(REPLICAS))
