@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import random
 import shutil
@@ -45,6 +44,7 @@ from pathlib import Path
 
 import orjson
 
+from bench.common import run_and_report
 from bench.faultkit import REPO, Client, GatewayProcess, free_port, start_puppet, table, write_config
 from simulator.workloads import TOOL_SPECS, synthetic_session
 from store.canonical import canonical_message, is_instruction, path_ids
@@ -351,10 +351,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     logging.getLogger("aiohttp").setLevel(logging.CRITICAL)  # the puppet writing to a killed gateway
-    result = asyncio.run(run(args))
-    print(render(result))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2, default=str))
+    run_and_report(run, render, args)
 
 
 if __name__ == "__main__":

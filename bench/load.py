@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import random
 import shutil
 import statistics
@@ -37,6 +36,7 @@ from pathlib import Path
 
 import aiohttp
 
+from bench.common import run_and_report
 from bench.faultkit import REPO, Client, GatewayProcess, free_port, table, write_config
 from simulator.workloads import TOOL_SPECS, synthetic_session
 
@@ -249,10 +249,7 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    result = asyncio.run(run(args))
-    print(render(result))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2, default=str))
+    run_and_report(run, render, args)
 
 
 if __name__ == "__main__":
