@@ -51,7 +51,11 @@ BASE = Ranking()
 # name -> (chunk_chars, overlap_chars, Ranking)
 VARIANTS: dict[str, tuple[int, int, Ranking]] = {
     "base": (1200, 200, BASE),
-    "old": (1200, 200, Ranking(vector_weight=1.0)),  # before issue 10's tuning
+    "old": (1200, 200, Ranking(vector_weight=1.0, role_prior=0.0, exchange=0.0)),  # before issue 10's tuning
+    # Before exchange pairing (the second round of issue 10).
+    "noexchange": (1200, 200, dataclasses.replace(BASE, role_prior=0.0, exchange=0.0)),
+    "exchange0.8": (1200, 200, dataclasses.replace(BASE, exchange=0.8)),
+    "exchange-prior0.1": (1200, 200, dataclasses.replace(BASE, role_prior=0.1)),
     "floor0.2": (1200, 200, dataclasses.replace(BASE, vector_floor=0.2)),
     "floor0.4": (1200, 200, dataclasses.replace(BASE, vector_floor=0.4)),
     "text1.5": (1200, 200, dataclasses.replace(BASE, text_weight=1.5)),
@@ -76,9 +80,9 @@ VARIANTS: dict[str, tuple[int, int, Ranking]] = {
     "real-model": (1200, 200, dataclasses.replace(BASE, text_scale=20.0, vector_weight=3.0)),
     "real-model-f.1": (1200, 200, dataclasses.replace(BASE, text_scale=20.0, vector_weight=3.0, vector_floor=0.1)),
     "vectoronly": (1200, 200, dataclasses.replace(BASE, text_weight=0.0)),
-    "role0.1": (1200, 200, dataclasses.replace(BASE, role_prior=0.1)),
-    "role0.2": (1200, 200, dataclasses.replace(BASE, role_prior=0.2)),
-    "role0.4": (1200, 200, dataclasses.replace(BASE, role_prior=0.4)),
+    "role0.1": (1200, 200, dataclasses.replace(BASE, role_prior=0.1, exchange=0.0)),
+    "role0.2": (1200, 200, dataclasses.replace(BASE, role_prior=0.2, exchange=0.0)),
+    "role0.4": (1200, 200, dataclasses.replace(BASE, role_prior=0.4, exchange=0.0)),
     "cleantext": (1200, 200, dataclasses.replace(BASE, clean_text_query=True)),
     "cleanboth": (1200, 200, dataclasses.replace(BASE, clean_text_query=True, clean_vector_query=True)),
     "chunk400": (400, 100, BASE),
@@ -273,7 +277,7 @@ async def run(args) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a third of the cases and seeds")
-    parser.add_argument("--variants", default="old,base", help="comma-separated names, or 'all'")
+    parser.add_argument("--variants", default="noexchange,base", help="comma-separated names, or 'all'")
     parser.add_argument("--workloads", default="lme,agent,planted")
     parser.add_argument("--cases", type=int, default=None, help="LongMemEval cases (default all)")
     parser.add_argument("--seeds", default=None, help="agent session seeds (default 1,2,3,4)")

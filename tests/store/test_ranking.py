@@ -1,0 +1,80 @@
+"""store.ranking: fusion of the two legs, exchange pairing and the asked role."""
+
+from __future__ import annotations
+
+import pytest
+
+from store.ranking import Ranking, asked_role, fuse
+
+OFF = Ranking(role_prior=0.0, exchange=0.0)
+
+
+def _row(event_id: str, role: str, parent: str, text: str, **score: float) -> dict:
+    return {"event_id": event_id, "chunk": 0, "role": role, "created": 0.0, "parent": parent,
+            "text": text, **score}
+
+
+def _chat() -> list[dict]:
+    """A request that repeats the question's words and the reply that holds the answer."""
+    return [
+        _row("u1", "user", "", "Give me 100 prompt parameters that I can specify", _score=9.0),
+        _row("a1", "assistant", "u1", "Sure: 1. Voice 2. Tone ... 27. Register", _score=3.0),
+        _row("u2", "user", "a1", "Thanks, that helps", _score=1.0),
+    ]
+
+
+QUESTION = "Can you remind me what the 27th of the prompt parameters you listed was?"
+
+
+@pytest.mark.parametrize(
+    ("query", "role"),
+    [
+        ("I remember you provided a list of parameters; what was the 27th?", "assistant"),
+        ("I'm looking back at our previous conversation about Bandung restaurants", "assistant"),
+        ("Where did I meet Sophia?", "user"),
+        ("What breed is my dog?", "user"),
+        ("Can you remind me of the staging deploy id?", None),
+        ("Which file holds the migration?", None),
+    ],
+)
+def test_asked_role_reads_who_said_it_not_the_request_scaffolding(query, role):
+    assert asked_role(query) == role
+
+
+def test_a_question_about_the_assistants_words_ranks_the_reply_above_the_request():
+    before = fuse([_chat()], QUESTION, 3, OFF)
+    assert [hit.event_id for hit in before][:2] == ["u1", "a1"]
+    after = fuse([_chat()], QUESTION, 3, Ranking())
+    assert after[0].event_id == "a1"
+    assert after[0].score == pytest.approx(1.0 + Ranking().role_prior)
+    assert after[1].event_id == "u1"
+
+
+def test_a_question_about_the_users_words_ranks_the_user_turn_above_the_reply():
+    rows = [
+        _row("u1", "user", "", "For Sophia, it was a coffee shop in the city.", _score=2.0),
+        _row("a1", "assistant", "u1", "Here is the template with Sophia: how we met ...", _score=6.0),
+    ]
+    hits = fuse([rows], "Where did I meet Sophia?", 2, Ranking())
+    assert [hit.event_id for hit in hits] == ["u1", "a1"]
+    assert fuse([rows], "Where did I meet Sophia?", 2, OFF)[0].event_id == "a1"
+
+
+def test_no_pairing_without_a_role_or_across_unrelated_turns():
+    # No role asked: the order is the legs' own.
+    assert fuse([_chat()], "prompt parameters 27th", 3, Ranking())[0].event_id == "u1"
+    # The partner must be the turn the reply answers: a reply to a tool result borrows nothing.
+    rows = [
+        _row("u1", "user", "", "prompt parameters you listed", _score=9.0),
+        _row("t1", "tool", "u1", "log", _score=0.5),
+        _row("a1", "assistant", "t1", "done", _score=1.0),
+    ]
+    hits = fuse([rows], QUESTION, 3, Ranking())
+    assert hits[0].event_id == "u1"
+    assert hits[1].score == pytest.approx(1.0 / 9.0 + Ranking().role_prior)
+
+
+def test_pairing_only_lends_between_retrieved_events():
+    rows = _chat()[:1] + _chat()[2:]  # the reply was retrieved by neither leg
+    hits = fuse([rows], QUESTION, 3, Ranking())
+    assert [hit.event_id for hit in hits] == ["u1", "u2"]
