@@ -18,6 +18,8 @@ from aiohttp import web
 from gateway.ops.admin import setup_admin
 from gateway.chat.pipeline import ChatPipeline, handle_chat
 from gateway.http.middleware import error_middleware
+from gateway.http.body import body_middleware
+from gateway.http import edge
 from gateway.http.identity import Identity
 from gateway.ops.logs import request_log_middleware
 from gateway.ops.metrics import Metrics
@@ -63,9 +65,11 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
 
 def create_app(settings: Settings) -> web.Application:
     app = web.Application(
-        middlewares=[request_log_middleware, error_middleware],
+        middlewares=[request_log_middleware, error_middleware, body_middleware],
         client_max_size=int(settings.server.max_body_mb * 1024 * 1024),
+        handler_args={"keepalive_timeout": settings.server.keepalive_timeout_s},  # also bounds an unfinished request head
     )
+    edge.install(app)  # parser rejections in the OpenAI envelope too, and a deadline on reading a body
     app[SETTINGS] = settings
     app[METRICS] = Metrics(known_models=list(settings.models))
     app[IDENTITY] = Identity(

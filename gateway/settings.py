@@ -39,6 +39,14 @@ class ServerSettings(_Section):
         "is set, so the gateway never lends the operator's key to anyone; 'required': always; 'off': never.",
     )
     max_body_mb: float = Field(32.0, gt=0, description="Largest chat request body accepted (413 above).")
+    body_read_timeout_s: float = Field(
+        30.0, gt=0,
+        description="Longest time a client may take to send a request body the gateway reads whole (408 after, "
+        "connection closed); for a streamed pass-through upload, the longest silence between two chunks.",
+    )
+    keepalive_timeout_s: float = Field(
+        75.0, gt=0, description="How long a client connection may sit idle, or with its request head unfinished, before it is closed."
+    )
     shutdown_timeout_s: float = Field(30.0, ge=0, description="How long SIGTERM waits for in-flight work.")
 
 

@@ -5,13 +5,19 @@
     │   └── ContextLengthExceeded 400 code context_length_exceeded (cannot fit even tailored)
     ├── Unauthorized              401 (admin API)
     ├── NotFound                  404
+    ├── RequestTimeout            408 (the request body did not arrive in time; closes the connection)
     ├── PayloadTooLarge           413
+    ├── UnsupportedEncoding       415 (a Content-Encoding the gateway cannot decode)
     ├── UpstreamUnreachable       502 (refused, reset, malformed)
     │   └── UpstreamIncomplete    502 (the stream ended before its finish_reason)
     └── UpstreamTimeout           504 (connect, first byte or idle timeout)
 
 Raised before the client's response started, an error becomes that response. Raised after a
 stream started, it is told as the stream's last event instead (``gateway.http.sse``).
+
+Requests aiohttp rejects before any handler runs (a header over its size limit, a request line
+that is not HTTP) never reach the middleware; ``gateway.http.protocol_errors`` gives them the
+same envelope.
 
 Upstream error responses are not GatewayErrors: they are relayed as they came (status, body
 and rate-limit headers), because clients retry on exactly what the provider said.
@@ -31,6 +37,7 @@ class GatewayError(Exception):
     status = 500
     type = "api_error"
     code: str | None = None
+    close_connection = False  # the rest of the request cannot be trusted to follow on this connection
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -61,10 +68,23 @@ class NotFound(GatewayError):
     code = "not_found"
 
 
+class RequestTimeout(GatewayError):
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+    close_connection = True  # the body is still owed: the connection cannot carry another request
+
+
 class PayloadTooLarge(GatewayError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+
+
+class UnsupportedEncoding(GatewayError):
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_content_encoding"
 
 
 class UpstreamUnreachable(GatewayError):

@@ -31,7 +31,10 @@ async def error_middleware(request: web.Request, handler):
         if _started(request):
             log.warning("error after the response started; closing the connection", extra={"fields": {"error": type(exc).__name__}})
             raise
-        return error_response(exc.status, exc.message, exc.type, exc.param, exc.code)
+        response = error_response(exc.status, exc.message, exc.type, exc.param, exc.code)
+        if exc.close_connection:
+            response.force_close()
+        return response
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

@@ -4,24 +4,32 @@ streamed both ways, nothing stored. Compressed upstream bodies are relayed as th
 An upstream failure before the response started is an error status (middleware); after, an
 event stream ends with an error event, and any other body is cut off by closing the
 connection, so the client sees a truncated body instead of waiting for the rest.
+
+The path is forwarded as the client encoded it, below the upstream's base URL and never above
+it: a dot segment (``..``, ``%2e%2e``) or an encoded separator (``%2f``, ``%5c``) in any segment,
+however many times encoded, is refused with 400 before anything is sent upstream (the HTTP
+client would resolve ``/v1/../x`` to ``/x``, and some servers decode ``%2f`` into a separator).
 """
 
 from __future__ import annotations
 
 import time
+from urllib.parse import unquote
 
 from aiohttp import web
 
-from gateway.http.errors import GatewayError, UpstreamTimeout
+from gateway.http.body import StreamedBody
+from gateway.http.errors import BadRequest, GatewayError, UpstreamTimeout
 from gateway.http.sse import end_with_error
 from gateway.http.upstream import response_headers
-from gateway.keys import IDENTITY, METRICS, REQUEST_ID, UPSTREAM
+from gateway.keys import IDENTITY, METRICS, REQUEST_ID, SETTINGS, UPSTREAM
 
 ROUTE = "passthrough"
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
     request.app[IDENTITY].tenant(request)  # 401 here for a missing/unknown client key
+    raw_path = safe_raw_path(request.rel_url.raw_path)
     upstream = request.app[UPSTREAM]
     metrics = request.app[METRICS]
     started = time.perf_counter()
@@ -29,7 +37,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     headers = upstream.request_headers(request.headers)
     body = None
     if request.body_exists:
-        body = request.content
+        body = StreamedBody(request.content, request.app[SETTINGS].server.body_read_timeout_s)
         if request.content_length is not None and "Content-Encoding" not in request.headers:
             headers["Content-Length"] = str(request.content_length)  # decoded bodies go chunked
     status = 502
@@ -37,7 +45,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     try:
         t0 = time.perf_counter()
         async with upstream.request(
-            upstream.raw, request.method, upstream.url(request.path, request.query_string), headers=headers, data=body
+            upstream.raw, request.method, upstream.raw_url(raw_path, request.rel_url.raw_query_string), headers=headers, data=body
         ) as up:
             waited += time.perf_counter() - t0
             status = up.status
@@ -59,9 +67,11 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
             await response.write_eof()
             return response
     except GatewayError as exc:
+        if body is not None and body.timed_out:
+            exc = body.error()  # the upload stalled: the client's fault, not the upstream's
         status = exc.status
         if response is None or not response.prepared:
-            raise
+            raise exc from None
         metrics.upstream_error(kind="timeout" if isinstance(exc, UpstreamTimeout) else "unreachable")
         if "text/event-stream" in response.headers.get("Content-Type", ""):
             await end_with_error(response, exc)
@@ -76,3 +86,19 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         metrics.request_seconds.labels(ROUTE, "none").observe(elapsed)
         metrics.upstream_seconds.labels(ROUTE, "none").observe(waited)
         metrics.overhead_seconds.labels(ROUTE).observe(max(0.0, elapsed - waited))
+
+
+def safe_raw_path(raw_path: str) -> str:
+    """`raw_path` (as the client encoded it) if no segment can climb out of /v1, else 400."""
+    for segment in raw_path.split("/"):
+        decoded = segment
+        for _ in range(4):  # %252e%252e is %2e%2e to a server that decodes twice
+            if decoded in (".", "..") or "/" in decoded or "\\" in decoded:
+                raise BadRequest(
+                    "The path may not contain dot segments ('..', '%2e%2e') or encoded separators ('%2f', '%5c').",
+                    code="invalid_path",
+                )
+            if "%" not in decoded:
+                break
+            decoded = unquote(decoded)
+    return raw_path

@@ -19,6 +19,7 @@ from typing import AsyncIterator
 
 import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
 from gateway.http.errors import UpstreamTimeout, UpstreamUnreachable
 
@@ -94,6 +95,12 @@ class Upstream:
         url = self.base_url + tail
         return f"{url}?{query_string}" if query_string else url
 
+    def raw_url(self, raw_path: str, raw_query: str = "") -> URL:
+        """Map a path as the client encoded it onto the base URL, sent on as it is: not decoded
+        (a %2F or %25 stays what the client meant) nor re-resolved (the caller refused dot segments)."""
+        url = self.url(raw_path, raw_query)
+        return URL(url, encoded=True)
+
     def request_headers(self, incoming: CIMultiDictProxy[str], drop: frozenset[str] = frozenset()) -> CIMultiDict[str]:
         out: CIMultiDict[str] = CIMultiDict()
         for name, value in incoming.items():
@@ -128,7 +135,7 @@ class Upstream:
             raise UpstreamTimeout(f"The upstream did not answer in time ({type(exc).__name__}).") from None
         except aiohttp.ClientConnectorError as exc:
             raise UpstreamUnreachable(f"The upstream could not be reached: {exc.os_error.__class__.__name__}.") from None
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:  # reset, closed, or the upload failed
             raise UpstreamUnreachable(f"The upstream connection failed: {type(exc).__name__}.") from None
 
 

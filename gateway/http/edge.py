@@ -1,0 +1,91 @@
+"""The request object every connection gets: what happens below the middleware.
+
+Two things aiohttp does before (or beneath) any handler, and that the error middleware cannot
+reach on its own:
+
+- **Parser rejections.** aiohttp's HTTP parser refuses some requests itself: a request line or
+  header over its size limits (8190 bytes), too many headers, a request line that is not HTTP, a
+  Content-Encoding it cannot decode (br without Brotli). Its protocol answers those with a
+  plain-text 400 (``RequestHandler.handle_error``) without routing, so no middleware sees them
+  (aiohttp issues #3287 and #6463 ask for a hook; there is none as of 3.14). The one place such a
+  request still passes through the application is the request factory: aiohttp builds a
+  request object for it with the app's factory and prepares the plain-text response against
+  that object. `GatewayRequest`'s prepare hook turns that response, and only that one (a request
+  no route ever matched), into the OpenAI envelope with a fitting status (431, 415, 400).
+- **Body deadline.** aiohttp has no server-side body timeout: a client that sends its headers
+  and then trickles its body, or stops, would hold the handler as long as it likes. A body read
+  whole (``request.read()``, and so ``json()`` and ``text()``) must arrive within
+  ``server.body_read_timeout_s`` or the request is a 408 (``gateway.http.body`` does the same for
+  streamed pass-through uploads, chunk by chunk).
+
+`install` makes the app's factory build `GatewayRequest`s. This relies on private names of
+aiohttp (``Application._make_request``, ``Request._prepare_hook``, called after the headers are
+computed and before they are written, and ``StreamResponse._set_status``), stable since 3.0;
+tests/robustness/test_http_edges.py fails if they change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from http import HTTPStatus
+
+from aiohttp import web
+
+from gateway.http.body import too_slow
+from gateway.http.errors import error_body
+from gateway.keys import SETTINGS
+
+
+class GatewayRequest(web.Request):
+    async def read(self) -> bytes:
+        if self._read_bytes is not None:
+            return self._read_bytes
+        timeout = self.app[SETTINGS].server.body_read_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                return await super().read()
+        except TimeoutError:
+            raise too_slow(timeout) from None
+
+    async def _prepare_hook(self, response: web.StreamResponse) -> None:
+        if self._match_info is None and isinstance(response, web.Response) and response.status >= 400:
+            status, code, message = classify(response.status, response.text or "")
+            body = error_body(message, "invalid_request_error" if status < 500 else "api_error", None, code)
+            # Called between aiohttp computing the headers and writing them: set them as well.
+            response._set_status(status, HTTPStatus(status).phrase)
+            response.body = body
+            response.headers["Content-Type"] = "application/json"
+            response.headers["Content-Length"] = str(len(body))
+            return
+        await super()._prepare_hook(response)
+
+
+def install(app: web.Application) -> None:
+    """Have `app` build a `GatewayRequest` for every request, parser rejections included."""
+    app._make_request = functools.partial(app._make_request, _cls=GatewayRequest)  # type: ignore[method-assign]
+
+
+def classify(status: int, text: str) -> tuple[int, str, str]:
+    """(status, code, message) for aiohttp's plain-text rejection `text`.
+
+    The client's own bytes that aiohttp quotes are left out: a header may carry a credential."""
+    first = text.split("\n", 1)[0]
+    if first.startswith("Got more than"):  # LineTooLong: the request line or one header field
+        limit = first.removeprefix("Got more than ").split(" ", 1)[0]
+        return 431, "request_header_fields_too_large", (
+            f"The request line or a request header is longer than {limit} bytes, the most the gateway accepts."
+        )
+    if first.startswith("Too many headers"):
+        return 431, "request_header_fields_too_large", "The request has more headers than the gateway accepts."
+    if first.startswith("Can not decode content-encoding"):
+        encoding = first.removeprefix("Can not decode content-encoding: ").split(".", 1)[0]
+        if "install" in first:  # an encoding this installation cannot decode at all
+            return 415, "unsupported_content_encoding", (
+                f"Content-Encoding {encoding} is not supported: send the body uncompressed, gzip or deflate."
+            )
+        return 400, "invalid_body", f"The request body could not be decoded as its Content-Encoding ({encoding}) says."
+    if status >= 500:
+        return status, "internal_error", "The gateway failed to handle this request."
+    reason = first.split(" b'", 1)[0].split(" bytearray(", 1)[0].split(": b'", 1)[0].rstrip(": ")
+    return status, "malformed_request", f"The request is not valid HTTP/1.1 ({reason[:120] or 'unparseable'})."
