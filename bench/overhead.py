@@ -136,26 +136,39 @@ def start_puppet(work: Path) -> Target:
     return Target("direct", f"http://127.0.0.1:{port}/v1", proc, version="puppet (simulated)")
 
 
-def start_palimpsest(work: Path, upstream: str) -> Target:
+def start_palimpsest(work: Path, upstream: str, name: str = "palimpsest", source: Path | None = None) -> Target:
+    """The gateway as `palimpsest serve`; from another source tree (`source`, e.g. a git worktree
+    of an older commit) when given, so two versions can be measured in the same rounds."""
     exe = shutil.which("palimpsest") or str(Path(sys.executable).with_name("palimpsest"))
-    target = Target("palimpsest", "", None)
+    target = Target(name, "", None)
     if not Path(exe).exists():
         target.note = "`palimpsest` not on PATH (pip install -e . first)"
         return target
     port = free_port()
-    config = work / "palimpsest.toml"
+    config = work / f"{name}.toml"
     config.write_text(
         f'[server]\nhost = "127.0.0.1"\nport = {port}\n\n'
         f'[upstream]\nbase_url = "{upstream}"\napi_key = "{API_KEY}"\n\n'
         f'[tenants]\nbench = "{API_KEY}"\n\n'  # the load generator's key (client keys are required with api_key)
-        f'[store]\npath = "{work / "palimpsest-store"}"\n\n'
+        f'[store]\npath = "{work / f"{name}-store"}"\n\n'
         '[log]\nlevel = "WARNING"\n')
     target.base_url = f"http://127.0.0.1:{port}/v1"
-    target.proc = spawn([exe, "serve", "--config", str(config)], work / "palimpsest.log")
+    cmd, env, cwd = [exe], None, None
+    if source is not None:  # its own entry point (it moved between versions), imported from `source`:
+        import tomllib  # PYTHONPATH comes before the editable install's finder
+
+        module, func = tomllib.loads((source / "pyproject.toml").read_text())["project"]["scripts"]["palimpsest"].split(":")
+        cmd = [sys.executable, "-c", f"import sys; from {module} import {func}; sys.argv[0] = 'palimpsest'; sys.exit({func}())"]
+        env, cwd = {"PYTHONPATH": str(source)}, source  # `-c` puts the working directory first on sys.path
+    target.proc = spawn([*cmd, "serve", "--config", str(config)], work / f"{name}.log", env=env, cwd=cwd)
     with contextlib.suppress(Exception):
         from importlib.metadata import version
 
         target.version = version("palimpsest")
+    if source is not None:
+        commit = subprocess.run(["git", "-C", str(source), "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True, check=False).stdout.strip()
+        target.version = f"{source.name}@{commit or '?'}"
     return target
 
 
@@ -380,6 +393,9 @@ async def run(args: argparse.Namespace, work: Path) -> tuple[list[dict], list[st
         async with pool(4) as probe:
             if reason := await wait_ready(probe, direct):
                 raise SystemExit(f"puppet did not start: {reason}: {log_tail(work / 'puppet.log')}")
+            if args.baseline is not None:  # right after direct: measured in the same rounds as palimpsest
+                wanted = ["baseline", *wanted]
+                starters["baseline"] = lambda: start_palimpsest(work, direct.base_url, "baseline", args.baseline)
             for name in wanted:
                 if name == "direct":
                     continue
@@ -424,6 +440,10 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"comma-separated subset of {','.join(ALL_TARGETS)}")
     parser.add_argument("--peers", type=Path, default=Path(os.environ.get(
         "PEERS_ROOT", "/opt/palimpsest-peers")), help="where bench/peers.sh installed the peers")
+    parser.add_argument("--baseline", type=Path, metavar="DIR",
+                        help="also run the gateway from this source tree (a git worktree of another commit) as "
+                        "target 'baseline', interleaved with the others: a regression, not machine noise, "
+                        "shows as a difference between the two in the same run")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument("--keep-logs", action="store_true", help="keep the work dir with logs")
     args = parser.parse_args(argv)
