@@ -1,6 +1,6 @@
 """Recall ranking: hit@1 / hit@5 of the search index alone, on a tuning and a held-out split.
 
-    .venv/bin/python bench/ranking.py                    # old vs tuned default, ~2 minutes on 2 CPUs
+    .venv/bin/python bench/ranking.py                    # before/after vs tuned default, ~3 minutes on 2 CPUs
     .venv/bin/python bench/ranking.py --quick            # a third of the cases
     .venv/bin/python bench/ranking.py --variants all     # every candidate side by side (slower)
     .venv/bin/python bench/ranking.py --variants base,neighbour --json out.json
@@ -16,6 +16,9 @@ Workloads (each query belongs to one split, fixed by a hash, so tuning never see
   assistant tool call, tool output); each planted fact asked as its question and its
   paraphrase; a hit = an event holding the fact. Split by sha256(fact statement): a fact's
   two phrasings are in the same split. The six facts repeat across seeds with other filler.
+- `toollog`: facts stated in one line of a 300-2,500-token tool log (TOOL_FACTS), questions
+  made of the filler's own words, so many log lines repeat them; asked plainly and in other
+  words. Split by sha256(fact statement). Same seeds as `agent`, other facts and other filler.
 - `planted`: ten personal facts planted into LongMemEval haystacks as user turns, asked by
   keyword and by paraphrase (bench/search_latency.py's PLANTED). Split by sha256(fact).
 
@@ -30,6 +33,7 @@ import asyncio
 import dataclasses
 import hashlib
 import json
+import random
 import sys
 import tempfile
 import time
@@ -41,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import load_cases  # noqa: E402
 from search_latency import PLANTED  # noqa: E402
-from simulator.workloads import synthetic_session  # noqa: E402
+from simulator.workloads import TOOLS, WORDS, _filler, synthetic_session  # noqa: E402
 from store.embedders import WordLlamaEmbedder  # noqa: E402
 from store.index import IndexedEvent, Ranking, SearchIndex  # noqa: E402
 
@@ -51,9 +55,16 @@ BASE = Ranking()
 # name -> (chunk_chars, overlap_chars, Ranking)
 VARIANTS: dict[str, tuple[int, int, Ranking]] = {
     "base": (1200, 200, BASE),
-    "old": (1200, 200, Ranking(vector_weight=1.0, role_prior=0.0, exchange=0.0)),  # before issue 10's tuning
-    # Before exchange pairing (the second round of issue 10).
+    "old": (1200, 200, Ranking(vector_weight=1.0, role_prior=0.0, exchange=0.0, tool_lines=0.0,
+                               text_depth=1.0)),  # before issue 10's tuning
+    # Before the second round of issue 10 (exchange pairing, tool-result lines).
+    "pre": (1200, 200, dataclasses.replace(BASE, role_prior=0.0, exchange=0.0, tool_lines=0.0,
+                                           text_depth=1.0)),
     "noexchange": (1200, 200, dataclasses.replace(BASE, role_prior=0.0, exchange=0.0)),
+    "notoollines": (1200, 200, dataclasses.replace(BASE, tool_lines=0.0, text_depth=1.0)),
+    "toollines-d1": (1200, 200, dataclasses.replace(BASE, text_depth=1.0)),
+    "toollines0.5": (1200, 200, dataclasses.replace(BASE, tool_lines=0.5)),
+    "toollines1.5": (1200, 200, dataclasses.replace(BASE, tool_lines=1.5)),
     "exchange0.8": (1200, 200, dataclasses.replace(BASE, exchange=0.8)),
     "exchange-prior0.1": (1200, 200, dataclasses.replace(BASE, role_prior=0.1)),
     "floor0.2": (1200, 200, dataclasses.replace(BASE, vector_floor=0.2)),
@@ -150,6 +161,80 @@ def agent_sessions(seeds: list[int]) -> list[Session]:
             queries.append(Query("agent", split, fact.question, evidence, fact.answer + "/q"))
             queries.append(Query("agent", split, fact.paraphrase, evidence, fact.answer + "/p"))
         out.append(Session(f"agent-{seed}", events, queries))
+    return out
+
+
+# Facts stated in one line of a tool's output, asked plainly and in other words. Unlike the
+# simulator's six, their questions are made of the filler's own vocabulary (retry, cache,
+# queue, schema ...), so many log lines repeat the query words: the fact must win on its line.
+TOOL_FACTS = [
+    ("The retry worker reads from the queue named billing-dlq.",
+     "Which queue does the retry worker read from?",
+     "Where does the job that tries again take its messages from?"),
+    ("The cache timeout in production is 90 seconds.",
+     "What is the cache timeout in production?",
+     "How long do stored entries stay valid in prod?"),
+    ("The deploy token expires on 2024-09-30.",
+     "When does the deploy token expire?",
+     "Until when is the release credential valid?"),
+    ("The schema migration owner is Dana Whitfield.",
+     "Who owns the schema migration?",
+     "Who is responsible for the database change?"),
+    ("Each replica shard holds 412 GB of data.",
+     "How much data does a replica shard hold?",
+     "How large is one copy of a partition?"),
+    ("The socket buffer size was raised to 4 MiB.",
+     "What is the socket buffer size?",
+     "How large is the network receive area?"),
+    ("The session window budget is 18000 tokens.",
+     "What is the session window budget?",
+     "How much context may one conversation use?"),
+    ("The release branch for version 5 is rel/5.x-lts.",
+     "Which branch is the release branch for version 5?",
+     "Where do we cut the fifth major from?"),
+    ("The metric latency alert fires above 750 ms.",
+     "At what latency does the metric alert fire?",
+     "How slow must responses get before someone is paged?"),
+    ("The template render module was rewritten by Ola in March.",
+     "Who rewrote the template render module?",
+     "Which person redid the page generation code?"),
+    ("The stream parser drops records larger than 64 KB.",
+     "Which records does the stream parser drop?",
+     "What input gets silently discarded when reading the feed?"),
+    ("The tenant bucket lives in region us-east-2.",
+     "Which region holds the tenant bucket?",
+     "Where is the customer storage located?"),
+]
+
+
+def toollog_sessions(seeds: list[int], rounds: int = 40) -> list[Session]:
+    """Agent sessions whose facts are lines inside 300-2,500-token tool logs (TOOL_FACTS)."""
+    out = []
+    for seed in seeds:
+        rng = random.Random(1000 + seed)
+        spots = dict(zip(rng.sample(range(rounds - 2), len(TOOL_FACTS)), TOOL_FACTS))
+        turns: list[tuple[str, str]] = []
+        for r in range(rounds):
+            tool = TOOLS[r % len(TOOLS)]
+            target = f"/srv/app/{rng.choice(WORDS)}/{rng.choice(WORDS)}.py"
+            kind = {"read_file": "code", "list_dir": "listing", "query_db": "json"}.get(tool, "log")
+            output = _filler(rng, rng.randint(300, 2500), kind)
+            fact = spots.get(r)
+            if fact is not None:
+                lines = output.split("\n")
+                lines.insert(rng.randrange(len(lines) + 1), rng.choice(("", "NOTE ", "# ")) + fact[0])
+                output = "\n".join(lines)
+            turns.append(("user", f"Step {r + 1}: please {tool.replace('_', ' ')} on {target}."))
+            turns.append(("assistant", f"[called {tool}({json.dumps({'target': target})})]"))
+            turns.append(("tool", output))
+        events = chain(turns, "t")
+        queries = []
+        for statement, question, paraphrase in TOOL_FACTS:
+            evidence = frozenset(e.event_id for e in events if statement in e.text)
+            split = split_of(statement)
+            queries.append(Query("toollog", split, question, evidence, statement[:20] + "/q"))
+            queries.append(Query("toollog", split, paraphrase, evidence, statement[:20] + "/p"))
+        out.append(Session(f"toollog-{seed}", events, queries))
     return out
 
 
@@ -255,6 +340,8 @@ async def run(args) -> dict:
         sessions += lme_sessions(args.cases)
     if "agent" in args.workloads:
         sessions += agent_sessions(args.seed_list)
+    if "toollog" in args.workloads:
+        sessions += toollog_sessions(args.seed_list)
     if "planted" in args.workloads:
         sessions += planted_sessions(args.planted_cases, args.planted_turns)
     variants = list(VARIANTS) if args.variants == "all" else args.variants.split(",")
@@ -277,8 +364,8 @@ async def run(args) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a third of the cases and seeds")
-    parser.add_argument("--variants", default="noexchange,base", help="comma-separated names, or 'all'")
-    parser.add_argument("--workloads", default="lme,agent,planted")
+    parser.add_argument("--variants", default="pre,notoollines,base", help="comma-separated names, or 'all'")
+    parser.add_argument("--workloads", default="lme,agent,toollog,planted")
     parser.add_argument("--cases", type=int, default=None, help="LongMemEval cases (default all)")
     parser.add_argument("--seeds", default=None, help="agent session seeds (default 1,2,3,4)")
     parser.add_argument("--planted-cases", type=int, default=None, help="haystacks for planted facts (default 4)")

@@ -637,6 +637,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="recall.embeddings_url: an OpenAI-compatible /v1 base (e.g. bench/minilm.py); "
                         "default the embedded WordLlama")
     parser.add_argument("--embeddings-dim", type=int, default=384)
+    parser.add_argument("--ranking", choices=("default", "pre"), default="default",
+                        help="pre: the search ranking before exchange pairing and tool-result lines "
+                        "(the same tree otherwise), to measure what they change")
     parser.add_argument("--verbose", action="store_true", help="one line per case on stderr")
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
     args = parser.parse_args(argv)
@@ -654,7 +657,23 @@ def main(argv: list[str] | None = None) -> None:
     if args.embeddings_url:
         args.recall_settings.update(embeddings_url=args.embeddings_url, embeddings_model="all-MiniLM-L6-v2",
                                     embeddings_dim=args.embeddings_dim)
+    if args.ranking == "pre":
+        _rank_as_before()
     run_and_report(run, render, args)
+
+
+def _rank_as_before() -> None:
+    """Every SearchIndex built in this process ranks as before issue 10's second round."""
+    from store.index import Ranking, SearchIndex
+
+    before = Ranking(role_prior=0.0, exchange=0.0, tool_lines=0.0, text_depth=1.0)
+    original = SearchIndex.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.ranking = before
+
+    SearchIndex.__init__ = init
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Recall search latency and quality on a realistic ~500-event session.
 
-    .venv/bin/python bench/search_latency.py [--cases 10] [--queries 100]
+    .venv/bin/python bench/search_latency.py [--cases 10] [--queries 100] [--ranking pre]
 
 Builds one session from a LongMemEval haystack (~500 real chat turns, 5 to 10,000 chars) with
 ten planted facts, then reports:
@@ -28,9 +28,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from store.embedders import WordLlamaEmbedder  # noqa: E402
-from store.index import IndexedEvent, SearchIndex  # noqa: E402
+from store.index import IndexedEvent, Ranking, SearchIndex  # noqa: E402
 
 DATA = "/work/shared/data/longmemeval/*.json"
+# --ranking: the default, or the ranking before exchange pairing and tool-result lines.
+RANKINGS = {
+    "default": None,
+    "pre": Ranking(role_prior=0.0, exchange=0.0, tool_lines=0.0, text_depth=1.0),
+}
 
 # (fact planted in a user turn, keyword query, paraphrased query)
 PLANTED = [
@@ -104,7 +109,7 @@ async def wait_for_maintenance(index: SearchIndex) -> None:
         await asyncio.gather(*index._maintenance.values(), return_exceptions=True)
 
 
-async def main(cases: int, query_count: int) -> None:
+async def main(cases: int, query_count: int, ranking: Ranking | None = None) -> None:
     paths = sorted(glob.glob(DATA))
     embedder = WordLlamaEmbedder()
     await embedder.embed(["warm up"])  # model load is a one-off, not part of build time
@@ -121,7 +126,7 @@ async def main(cases: int, query_count: int) -> None:
     excluded = frozenset(event.event_id for event in events[-50:])
 
     with tempfile.TemporaryDirectory() as root:
-        index = SearchIndex(str(Path(root) / "index"), embedder)
+        index = SearchIndex(str(Path(root) / "index"), embedder, ranking=ranking)
 
         start = time.perf_counter()
         chunks = await index.add("bulk", events)
@@ -172,5 +177,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=10, help="LongMemEval questions to score")
     parser.add_argument("--queries", type=int, default=100, help="timed queries per run")
+    parser.add_argument("--ranking", choices=sorted(RANKINGS), default="default")
     arguments = parser.parse_args()
-    asyncio.run(main(arguments.cases, arguments.queries))
+    asyncio.run(main(arguments.cases, arguments.queries, RANKINGS[arguments.ranking]))

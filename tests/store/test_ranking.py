@@ -78,3 +78,32 @@ def test_pairing_only_lends_between_retrieved_events():
     rows = _chat()[:1] + _chat()[2:]  # the reply was retrieved by neither leg
     hits = fuse([rows], QUESTION, 3, Ranking())
     assert [hit.event_id for hit in hits] == ["u1", "u2"]
+
+
+def test_line_coverage_counts_query_words_found_together_on_one_line():
+    from store.passages import line_coverage, terms
+
+    wanted = terms("Which file holds the migration?")
+    assert wanted == ["file", "hold", "migration"]
+    log = "INFO migration migration retry\nINFO file cache\nNOTE the file that holds the migrations"
+    assert line_coverage([log], wanted) == 1.0
+    assert line_coverage(["INFO migration migration retry\nINFO file cache"], wanted) == pytest.approx(1 / 3)
+    assert line_coverage(["nothing here"], wanted) == 0.0
+    assert line_coverage([log], []) == 0.0
+
+
+def test_a_tool_log_whose_one_line_holds_the_question_ranks_above_logs_repeating_a_word():
+    filler = "\n".join(f"2024-06-{day:02d} INFO migration worker migration queue" for day in range(1, 20))
+    fact = "\n".join([filler[:200], "NOTE the file that holds the migration is /srv/app/migrations/0042_add_ledger.py",
+                      filler[:200]])
+    rows = [
+        _row("t1", "tool", "a0", filler, _score=6.0),
+        _row("t2", "tool", "a1", fact, _score=3.0),
+        _row("u1", "user", "", "Step 3: please read file on /srv/app/index/queue.py", _score=5.0),
+    ]
+    query = "Which file holds the migration?"
+    assert [hit.event_id for hit in fuse([rows], query, 3, Ranking(tool_lines=0.0))] == ["t1", "u1", "t2"]
+    hits = fuse([rows], query, 3, Ranking())
+    assert hits[0].event_id == "t2"
+    # A chat turn gets no line bonus: its score is the fused one.
+    assert next(hit for hit in hits if hit.event_id == "u1").score == pytest.approx(5.0 / 6.0)

@@ -1,0 +1,51 @@
+"""Passage-level evidence inside a retrieved chunk: the best line of a tool result.
+
+A tool result (a log, a listing, query rows) is a stack of independent records, one per line,
+and a fact in it is usually one line: "NOTE the migration lives in /srv/app/migrations/...".
+Chunk-level BM25 cannot tell that line from filler that repeats one query word many times
+("migration" in every other log line). What sets the fact apart is that its one line holds
+most of the query's words at once. `line_coverage` measures that: the share of the query's
+content words found together on the chunk's best line. `store.ranking.fuse` adds it, weighted
+by `Ranking.tool_lines`, to the events whose role is "tool"; chat turns are prose, where the
+sentence boundaries do not separate records, and keep their chunk scores.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from store.chunking import query_terms
+
+__all__ = ["line_coverage", "stem", "terms"]
+
+_WORD = re.compile(r"\w+")
+_SUFFIXES = ("ing", "ed", "es", "s")
+
+
+def stem(word: str) -> str:
+    """A crude suffix strip ("holds" -> "hold", "migrations" -> "migration"), enough to match
+    a question's words against a line's; words of four letters or fewer stay whole."""
+    for suffix in _SUFFIXES:
+        if len(word) > len(suffix) + 3 and word.endswith(suffix):
+            return word[: -len(suffix)]
+    return word
+
+
+def terms(query: str) -> list[str]:
+    """The query's content words, stemmed, without stop words or duplicates."""
+    return list(dict.fromkeys(stem(term) for term in query_terms(query)))
+
+
+def line_coverage(texts: Iterable[str], wanted: list[str]) -> float:
+    """Largest share of `wanted` found together on one line of any of `texts` (0..1)."""
+    if not wanted:
+        return 0.0
+    best = 0
+    for text in texts:
+        for line in text.split("\n"):
+            words = {stem(word) for word in _WORD.findall(line.lower())}
+            best = max(best, sum(1 for term in wanted if term in words))
+            if best == len(wanted):
+                return 1.0
+    return best / len(wanted)
