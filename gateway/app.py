@@ -167,7 +167,8 @@ def open_index(settings: Settings, upstream: Upstream | None):
     else:
         embedder = default_embedder()
     return SearchIndex(recall.index_uri or str(Path(settings.store.path) / "index"), embedder,
-                       storage_options=index_storage_options(recall), shared=bool(settings.store.url))
+                       storage_options=index_storage_options(recall), shared=bool(settings.store.url),
+                       cache_bytes=recall.index_cache_mb * 2**20)
 
 
 def index_storage_options(recall) -> dict[str, str] | None:

@@ -115,6 +115,9 @@ class RecallSettings(_Section):
     index_region: str = Field("us-east-1", description="S3 region for index_uri.")
     index_access_key_id: SecretStr = Field(SecretStr(""), description="S3 access key for index_uri; empty = the environment's credentials.")
     index_secret_access_key: SecretStr = Field(SecretStr(""), description="S3 secret key for index_uri.")
+    index_cache_mb: int = Field(
+        128, ge=1, description="Memory bound of LanceDB's index and metadata caches (split evenly); its own default is GiBs."
+    )
 
 
 class SummarySettings(_Section):

@@ -46,8 +46,10 @@ process reads the table once (a few ms, blocking), later calls are a dict lookup
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import timedelta
@@ -68,6 +70,9 @@ logger = logging.getLogger(__name__)
 MAINTAIN_AFTER_ADDS = 16
 MAINTAIN_AFTER_ROWS = 256
 OPEN_TABLES = 128
+HIGH_WATER_TRACKED = 10_000  # sessions whose high-water mark is remembered (locks: a weak map)
+# LanceDB's index + metadata caches, split evenly. Its default is GiBs: they grew ~1 MB per append under load.
+CACHE_BYTES = 128 * 2**20
 # Old table versions are garbage once no query can still be reading them.
 _KEEP_OLD_VERSIONS = timedelta(minutes=1)
 _COLUMNS = ["event_id", "chunk", "seq", "role", "created", "parent", "text"]
@@ -112,6 +117,7 @@ class SearchIndex:
         *,
         storage_options: dict[str, str] | None = None,
         shared: bool = False,
+        cache_bytes: int = CACHE_BYTES,
     ) -> None:
         split_chunks("", chunk_chars, overlap_chars)  # validates the sizes now, not on first add
         self._path = path
@@ -122,6 +128,9 @@ class SearchIndex:
         self._connect_options: dict = {"storage_options": storage_options} if storage_options else {}
         if shared:
             self._connect_options["read_consistency_interval"] = timedelta(0)
+        half = max(1, cache_bytes // 2)  # one bounded cache for both connections
+        self._lance_session = lancedb.Session(index_cache_size_bytes=half, metadata_cache_size_bytes=half)
+        self._connect_options["session"] = self._lance_session
         # An embedder may say how far its vectors can be trusted (gateway/recall/embeddings.py).
         self.ranking = ranking or getattr(embedder, "ranking", None) or Ranking()
         self._built_with = f"{embedder.name};{_LAYOUT};chunks={chunk_chars}/{overlap_chars}"
@@ -145,8 +154,8 @@ class SearchIndex:
         self._db: lancedb.AsyncConnection | None = None
         self._sync_db: lancedb.DBConnection | None = None
         self._open: OrderedDict[str, _Session] = OrderedDict()
-        self._high_water: dict[str, int] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._high_water: dict[str, int] = {}  # at most HIGH_WATER_TRACKED, oldest dropped first
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._maintenance: dict[str, asyncio.Task[None]] = {}
 
     # -- writing -----------------------------------------------------------------------------
@@ -171,7 +180,7 @@ class SearchIndex:
                     split_chunks(event.text, self._chunk_chars, self._overlap_chars)
                 )
             ]
-            self._high_water[session_key] = max(high_water, max(e.seq for e in events))
+            self._note_high_water(session_key, max(high_water, max(e.seq for e in events)))
             if not rows:
                 return 0
             vectors = await self._embedder.embed([text for _, _, text in rows])
@@ -210,7 +219,13 @@ class SearchIndex:
         if cached is not None:
             return cached
         high_water = self._read_high_water(session_key)
-        return self._high_water.setdefault(session_key, high_water)
+        high_water = self._high_water.get(session_key, high_water)  # an add may have moved it meanwhile
+        self._note_high_water(session_key, high_water)
+        return high_water
+
+    def bookkeeping(self) -> dict[str, int]:  # what is kept per session, and LanceDB's cache bytes
+        return {"open_tables": len(self._open), "high_water": len(self._high_water), "locks": len(self._locks),
+                "maintenance": len(self._maintenance), "cache_bytes": self._lance_session.size_bytes}
 
     async def chunk_keys(self, session_key: str) -> set[tuple[str, int]]:
         """(event_id, chunk) of every indexed row of the session: what `reindex` must reproduce."""
@@ -227,7 +242,7 @@ class SearchIndex:
             await (await self._connection()).drop_table(
                 _table_name(session_key), ignore_missing=True
             )
-            self._high_water[session_key] = -1
+            self._note_high_water(session_key, -1)
 
     async def reset(self) -> None:
         """Drop every session's index (`palimpsest reindex`); not meant to race with `add`."""
@@ -305,7 +320,13 @@ class SearchIndex:
     # -- internals ---------------------------------------------------------------------------
 
     def _lock(self, session_key: str) -> asyncio.Lock:
-        return self._locks.setdefault(session_key, asyncio.Lock())
+        return self._locks.setdefault(session_key, asyncio.Lock())  # weak: lives while held or awaited
+
+    def _note_high_water(self, session_key: str, seq: int) -> None:
+        self._high_water[session_key] = seq  # also from a worker thread: a race drops one more
+        with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+            while len(self._high_water) > HIGH_WATER_TRACKED:
+                del self._high_water[next(iter(self._high_water))]
 
     async def _connection(self) -> lancedb.AsyncConnection:
         if self._db is None:
@@ -333,7 +354,7 @@ class SearchIndex:
                 name, built_with, self._built_with,
             )
             await db.drop_table(name, ignore_missing=True)
-            self._high_water[session_key] = -1
+            self._note_high_water(session_key, -1)
             return None
         if not any(index.index_type == "FTS" for index in await table.list_indices()):
             try:

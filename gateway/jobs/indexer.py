@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from typing import TYPE_CHECKING, Callable
 
 from policies.messages import call_arguments, call_name, content_text, tool_calls
@@ -37,7 +38,9 @@ class Indexer:
         self._open_index = open_index
         self._index: "SearchIndex | None" = None
         self._open_lock = asyncio.Lock()
-        self._locks: dict[str, asyncio.Lock] = {}
+        # Weak: a session's lock lives while a catch-up holds or awaits it, so sessions that
+        # come and go over the process's life leave nothing behind.
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._pending: dict[str, asyncio.Task] = {}
 
     async def opened(self) -> "SearchIndex":
@@ -50,7 +53,9 @@ class Indexer:
         return self._index
 
     async def catch_up(self, session_key: str) -> int:
-        lock = self._locks.setdefault(session_key, asyncio.Lock())
+        lock = self._locks.get(session_key)
+        if lock is None:
+            lock = self._locks[session_key] = asyncio.Lock()
         index = await self.opened()
         from store.index import IndexedEvent  # after opened(): LanceDB is imported off the loop
 
@@ -61,6 +66,10 @@ class Indexer:
                 return 0
             batch = [IndexedEvent(e.id, e.seq, e.role, e.created, event_text(e), e.parent or "") for e in events]
             return await index.add(session_key, batch)
+
+    def bookkeeping(self) -> dict[str, int]:
+        """Sizes of what is kept per session (all bounded by the sessions in flight)."""
+        return {"locks": len(self._locks), "pending": len(self._pending)}
 
     def schedule(self, session_key: str) -> None:
         if session_key in self._pending:
