@@ -48,12 +48,13 @@ def truncate_head_tail(text: str, head_tokens: int, tail_tokens: int, counter: T
 
 
 def placeholder_text(tool_name: str, tool_call_id: str, tokens: int, event_id: str, load_tool: str) -> str:
-    """The stand-in for a compacted result: enough for the model to neither redo nor guess."""
+    """The stand-in for a compacted result: enough for the model to neither redo nor guess.
+
+    Short on purpose: a long agent loop carries dozens of these until a summary folds them.
+    (The call id is in the message's own ``tool_call_id``.)"""
     return (
-        f"[Tool result compacted by the gateway] The {tool_name or 'tool'} call (tool_call_id "
-        f"{tool_call_id}) succeeded and its result was already used; do not run it again. "
-        f"The original result ({tokens} tokens) is stored as event {event_id}: call {load_tool} "
-        f'with event_id "{event_id}" to read it.'
+        f"[Tool result compacted by the gateway] {tool_name or 'tool'} succeeded, result already used "
+        f'({tokens} tokens); do not run it again. Read it with {load_tool} event_id "{event_id}".'
     )
 
 
@@ -96,6 +97,125 @@ def compaction_frontier_for(raw: list[int], compacted: list[int], fixed: int, po
     return frontier
 
 
+@dataclass(frozen=True, slots=True)
+class CheckpointMark:
+    """What view planning needs of one checkpoint on the request's path (message indexes)."""
+
+    boundary: int  # the last message its summary covers
+    after: int  # the newest message its job knew: it exists from the next request on
+    tokens: int  # what its summary block costs in the view
+    forced: bool = False  # written on a request's path because that request did not fit: adopted there
+
+
+def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int], fixed: int,
+              marks: list[CheckpointMark], policy: Policy, budget: int) -> tuple[int | None, int]:
+    """Which checkpoint the view uses and where its compaction frontier is (a round index).
+
+    Replays the path's rounds from a view of ``fixed`` tokens. While the view stays under
+    ``compact_trigger_ratio * budget`` a new round only appends to it. When a round pushes it
+    over, that round is a *compaction event*, the only place the view's prefix may change: the
+    newest checkpoint that existed by then is adopted (``after`` lies in a round already
+    replayed), and the frontier jumps, at least ``compact_batch_rounds`` rounds and far enough
+    to bring the view to ``view_target_ratio * budget``, never into the newest
+    ``keep_recent_rounds``. A summary that lands between events so waits for the next one
+    instead of rewriting the prefix on its own; a ``forced`` one (written on a request's own path
+    because it did not fit) makes its round an event. The plan is a pure function of the path and
+    its checkpoints, so every replica and every restart builds the same view.
+    Returns (index into ``marks`` or None, frontier round).
+    """
+    high = policy.compact_trigger_ratio * budget
+    low = policy.view_target_ratio * budget
+    round_of = [0] * (rounds[-1][1] if rounds else 0)
+    for r, (a, b) in enumerate(rounds):
+        round_of[a:b] = [r] * (b - a)
+    active: int | None = None
+    first = frontier = 0  # first round in the view; rounds before `frontier` are compacted
+    view = fixed
+    forced = {round_of[m.after] for m in marks if m.forced and m.after < len(round_of)}
+    for n, size in enumerate(raw):
+        view += size
+        if view <= high and n not in forced:
+            continue
+        for i in range(len(marks) - 1, -1 if active is None else active, -1):
+            mark = marks[i]
+            if mark.after < len(round_of) and round_of[mark.after] <= n and mark.boundary < len(round_of):
+                active, first = i, round_of[mark.boundary] + 1
+                frontier = max(frontier, first)
+                view = (fixed + mark.tokens + sum(compacted[first:frontier]) + sum(raw[frontier:n + 1]))
+                break
+        limit = n + 1 - policy.keep_recent_rounds
+        moved = frontier
+        while moved < limit and (view > low or moved - frontier < policy.compact_batch_rounds):
+            view -= raw[moved] - compacted[moved]
+            moved += 1
+        frontier = max(frontier, moved)
+    return active, frontier
+
+
+def round_sizes(messages: list[dict], event_ids: list[str | None], policy: Policy, counter: TokenCounter,
+                load_tool: str = "session_load") -> tuple[list[tuple[int, int]], list[int], list[int]]:
+    """The API rounds of ``messages`` and their tokens as sent raw and once compacted.
+
+    "Raw" already counts the head/tail cut of results over ``max_result_tokens`` (that cut
+    happens in every round); "compacted" is the round with its tool results placeholdered
+    (or truncated, or kept) by their tool's rule. Counts are cached by event id.
+    """
+    if len(event_ids) != len(messages):
+        raise ValueError(f"event_ids has {len(event_ids)} entries for {len(messages)} messages.")
+    counts = [counter.count_message(m, k) for m, k in zip(messages, event_ids)]
+    rounds = split_rounds(messages)
+    names = tool_names_by_call_id(messages)
+    raw, compacted = [], []
+    for start, end in rounds:
+        size = low = sum(counts[start:end])
+        for i in range(start, end):
+            if messages[i].get("role") != "tool":
+                continue
+            eligible = _compacted_count(messages[i], event_ids[i], counts[i], names, policy, counter, load_tool, True)
+            kept = _compacted_count(messages[i], event_ids[i], counts[i], names, policy, counter, load_tool, False)
+            size -= counts[i] - kept
+            low -= counts[i] - eligible
+        raw.append(size)
+        compacted.append(low)
+    return rounds, raw, compacted
+
+
+def _compacted_count(message: dict, event_id: str | None, tokens: int, names: dict[str, str], policy: Policy,
+                     counter: TokenCounter, load_tool: str, eligible: bool) -> int:
+    def build() -> dict:
+        return _compact_one(message, event_id, tokens, names, policy, counter, load_tool, eligible)[0]
+
+    if event_id is None:
+        return counter.count_message(build())
+    rule = policy.tool_rule(names.get(str(message.get("tool_call_id") or ""), ""))
+    key = (f"{event_id}|{load_tool}|{'c' if eligible else 'k'}|{tokens}|{policy.compact_min_tokens}|"
+           f"{policy.max_result_tokens}|{rule!r}")
+    return counter.count_built(key, build)
+
+
+def _compact_one(message: dict, event_id: str | None, tokens: int, names: dict[str, str], policy: Policy,
+                 counter: TokenCounter, load_tool: str, eligible: bool) -> tuple[dict, bool]:
+    """One tool result as the view sends it, and whether it became a placeholder."""
+    call_id = str(message.get("tool_call_id") or "")
+    name = names.get(call_id, "")
+    rule = policy.tool_rule(name)
+    action = rule.action if rule else None
+    if action == "keep":
+        return message, False
+    if eligible and event_id is not None:
+        if action == "clean" or (action is None and tokens >= policy.compact_min_tokens):
+            return with_text(message, placeholder_text(name, call_id, tokens, event_id, load_tool)), True
+        if action == "truncate":
+            cut = _truncated(message, rule.head_tokens, rule.tail_tokens, event_id, load_tool, counter)
+            if cut is not message:
+                return cut, False
+    if tokens - MESSAGE_OVERHEAD > policy.max_result_tokens:
+        # Two thirds head, one third tail: the start of a result says what it is, the end how it ended.
+        max_head = policy.max_result_tokens * 2 // 3
+        return _truncated(message, max_head, policy.max_result_tokens - max_head, event_id, load_tool, counter), False
+    return message, False
+
+
 def compact_tool_results(
     messages: list[dict],
     event_ids: list[str | None],
@@ -105,6 +225,7 @@ def compact_tool_results(
     *,
     budget: int | None = None,
     fixed_tokens: int = 0,
+    frontier_at: int | None = None,
 ) -> tuple[list[dict], CompactionStats]:
     """A new list with eligible tool results compacted, and what it saved.
 
@@ -114,66 +235,33 @@ def compact_tool_results(
     could load them back. Any non-"keep" result larger than ``max_result_tokens`` that is not
     placeholdered is head/tail truncated, protected rounds included.
 
-    With ``budget`` (and ``fixed_tokens``, what the view costs besides these messages) the
-    frontier follows the view's size (``compaction_frontier_for``); without, it is every round
-    but the protected ones, in batches (``compaction_frontier``).
+    The frontier: ``frontier_at`` (a message index, from ``plan_view``: whole rounds ending at or
+    before it are eligible); else, with ``budget`` (and ``fixed_tokens``, what the view costs
+    besides these messages), it follows the view's size (``compaction_frontier_for``); else it
+    is every round but the protected ones, in batches (``compaction_frontier``). The newest
+    ``keep_recent_rounds`` are never eligible.
     """
-    if len(event_ids) != len(messages):
-        raise ValueError(f"event_ids has {len(event_ids)} entries for {len(messages)} messages.")
-    stats = CompactionStats()
+    rounds, raw, compacted = round_sizes(messages, event_ids, policy, counter, load_tool)
     counts = [counter.count_message(m, k) for m, k in zip(messages, event_ids)]
-    stats.tokens_before = stats.tokens_after = sum(counts)
-    rounds = split_rounds(messages)
     names = tool_names_by_call_id(messages)
-    # Two thirds head, one third tail: the start of a result says what it is, the end how it ended.
-    max_head = policy.max_result_tokens * 2 // 3
-    max_tail = policy.max_result_tokens - max_head
-
-    def compact(i: int, eligible: bool) -> tuple[dict, bool]:
-        message = messages[i]
-        event_id, tokens = event_ids[i], counts[i]
-        call_id = str(message.get("tool_call_id") or "")
-        name = names.get(call_id, "")
-        rule = policy.tool_rule(name)
-        action = rule.action if rule else None
-        if action == "keep":
-            return message, False
-        if eligible and event_id is not None:
-            if action == "clean" or (action is None and tokens >= policy.compact_min_tokens):
-                return with_text(message, placeholder_text(name, call_id, tokens, event_id, load_tool)), True
-            if action == "truncate":
-                cut = _truncated(message, rule.head_tokens, rule.tail_tokens, event_id, load_tool, counter)
-                if cut is not message:
-                    return cut, False
-        if tokens - MESSAGE_OVERHEAD > policy.max_result_tokens:
-            return _truncated(message, max_head, max_tail, event_id, load_tool, counter), False
-        return message, False
-
-    tools = [[i for i in range(start, end) if messages[i].get("role") == "tool"] for start, end in rounds]
-    versions: dict[int, tuple[dict, bool]] = {}
-    if budget is None:
+    stats = CompactionStats()
+    stats.tokens_before = stats.tokens_after = sum(counts)
+    if frontier_at is not None:
+        frontier = sum(1 for _, end in rounds if end <= frontier_at)
+        frontier = max(0, min(frontier, len(rounds) - policy.keep_recent_rounds))
+    elif budget is None:
         frontier = compaction_frontier(len(rounds), policy)
     else:
-        raw, compacted = [], []
-        for r, (start, end) in enumerate(rounds):
-            size = sum(counts[start:end])
-            saved = 0
-            for i in tools[r]:
-                versions[i] = compact(i, True)
-                if versions[i][0] is not messages[i]:
-                    saved += counts[i] - counter.count_message(versions[i][0])
-                if counts[i] - MESSAGE_OVERHEAD > policy.max_result_tokens:  # cut even when not eligible
-                    size -= counts[i] - counter.count_message(compact(i, False)[0])
-            raw.append(size)
-            compacted.append(sum(counts[start:end]) - saved)
         frontier = compaction_frontier_for(raw, compacted, fixed_tokens, policy, budget)
+    if budget is not None or frontier_at is not None:
         stats.compacted_tokens = sum(c for c, r in zip(compacted[:frontier], raw) if c < r)  # rounds with placeholders
         stats.raw_tail_tokens = sum(raw[frontier:])
-
     out = list(messages)
-    for r in range(len(rounds)):
-        for i in tools[r]:
-            new, replaced = versions[i] if r < frontier and i in versions else compact(i, r < frontier)
+    for r, (start, end) in enumerate(rounds):
+        for i in range(start, end):
+            if messages[i].get("role") != "tool":
+                continue
+            new, replaced = _compact_one(messages[i], event_ids[i], counts[i], names, policy, counter, load_tool, r < frontier)
             if new is messages[i]:
                 continue
             out[i] = new

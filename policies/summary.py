@@ -221,8 +221,16 @@ def render_forked_summary_request(
 _HEADING = re.compile(r"^[ \t]*#{1,6}[ \t]*(.+?)[ \t#:]*$", re.MULTILINE)
 
 
-def validate_summary(text: str, state: dict, policy: Policy) -> list[str]:
+# A summary rides on every request: prose runs about 1.3 tokens a word, so more than this many
+# tokens per word of the limit is a wall of identifiers the exact-values block already keeps.
+SUMMARY_TOKENS_PER_WORD = 3
+
+
+def validate_summary(text: str, state: dict, policy: Policy, tokens: int | None = None) -> list[str]:
     """Why ``text`` must not become a checkpoint; an empty list means it is acceptable.
+
+    ``tokens`` (the summary's token count, when the caller has a counter) is held to
+    ``SUMMARY_TOKENS_PER_WORD`` per word of ``summary_max_words``.
 
     ``state`` holds the exact values of the covered transcript; a summary must keep at least
     ``summary_required_values_ratio`` of its ids, versions and e-mails verbatim, and of its
@@ -238,6 +246,10 @@ def validate_summary(text: str, state: dict, policy: Policy) -> list[str]:
     words = len(text.split())
     if words > 1.5 * policy.summary_max_words:
         problems.append(f"{words} words, over 1.5x the limit of {policy.summary_max_words}")
+    elif tokens is not None and tokens > SUMMARY_TOKENS_PER_WORD * policy.summary_max_words:
+        problems.append(f"{tokens} tokens, over {SUMMARY_TOKENS_PER_WORD * policy.summary_max_words} for a limit of "
+                        f"{policy.summary_max_words} words: write prose and list only the values that matter "
+                        "(the gateway keeps every exact value separately)")
     # A summary cannot list hundreds of paths from a pasted listing within its word limit, and
     # need not: the structured state keeps them. Rare kinds are always checked; paths only
     # when there are few enough for the summary to hold.

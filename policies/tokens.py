@@ -109,6 +109,13 @@ class TokenCounter:
             return cached
         return self._store(cache_key, self._count_message_uncached(msg))
 
+    def count_built(self, key: str, build) -> int:
+        """Tokens of the message ``build()`` makes, cached by ``key``: ``build`` runs only on a miss."""
+        cached = self._cached(key)
+        if cached is not None:
+            return cached
+        return self._store(key, self._count_message_uncached(build()))
+
     def _count_message_uncached(self, msg: dict) -> int:
         total = MESSAGE_OVERHEAD + self.count_text(str(msg.get("role") or ""))
         content = msg.get("content")

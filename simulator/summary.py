@@ -81,8 +81,10 @@ def render_summary(messages: list[dict[str, Any]]) -> str:
     for offset, at in enumerate(value_headings):
         chosen, words = [], 0
         for value in values:
-            # one word per bullet marker ("-"), one bullet per 12 values
-            words += len(value.split()) + (1 if len(chosen) % 12 == 0 else 0)
+            # One bullet marker per 12 values; an identifier costs as much as the ~4 characters
+            # a token holds, as a model writing to a word limit would weigh it: "/srv/app/x/y.py"
+            # is one word but five tokens of a summary that rides on every request.
+            words += max(len(value.split()), len(value) // 4) + (1 if len(chosen) % 12 == 0 else 0)
             if words > budget:
                 break
             chosen.append(value)

@@ -24,6 +24,7 @@ import orjson
 from gateway.chat.request import ChatRequest
 from gateway.http.errors import ContextLengthExceeded
 from policies import (
+    CheckpointMark,
     ContextOverflow,
     choose_boundary,
     last_user_index,
@@ -31,15 +32,17 @@ from policies import (
     compact_tool_results,
     extract_exact_values,
     merge_state,
+    plan_view,
     project_view,
     recall_note,
     recall_tool_names,
     recall_tools,
     render_summary_block,
     resolve_policy,
+    round_sizes,
     tailor,
 )
-from store.checkpoints import Checkpoint
+from store.checkpoints import Checkpoint, newest_on_path
 from store import call as store_call
 from store.ledger import SessionRef
 
@@ -118,24 +121,27 @@ class ViewBuilder:
         raw_estimate = self.counter.count_messages(chat.instructions + chat.history, keys) + tools_tokens
         client_tokens = self.calibration.scale(chat.model, raw_estimate)
         positions = {eid: i for i, eid in enumerate(chat.ids)}
-        found = await store_call(self.checkpoints.newest_on_path, ref.key, positions)
+        checkpoints = await store_call(self.checkpoints.list, ref.key)
+        newest = newest_on_path(checkpoints, positions)
         view = View(client_tokens=client_tokens, upstream_tokens=client_tokens, budget=budget, policy=policy,
                     window=window, raw_estimate=raw_estimate)
-        if found is None and client_tokens <= min(policy.summary_trigger_ratio, policy.compact_trigger_ratio) * budget:
+        if newest is None and client_tokens <= min(policy.summary_trigger_ratio, policy.compact_trigger_ratio) * budget:
             return view  # short session: untouched, forwarded byte for byte
 
-        projection = self._project(chat, policy, found, budget=budget)
+        found, frontier = self._plan(chat, policy, checkpoints, positions, budget)
+        projection = self._project(chat, policy, found, budget=budget, frontier=frontier)
         if projection.tokens > policy.sync_compaction_ratio * budget and self.summarizer is not None:
             started = time.perf_counter()
             checkpoint = await self.summarizer.sync(ref, chat, policy, auth, deadline=started + policy.sync_budget_s, budget=budget)
             self.metrics.sync_wait_seconds.observe(time.perf_counter() - started)
             if checkpoint is not None:
-                found = await store_call(self.checkpoints.newest_on_path, ref.key, positions)
-                projection = self._project(chat, policy, found, budget=budget)
+                checkpoints = await store_call(self.checkpoints.list, ref.key)
+                found, frontier = self._plan(chat, policy, checkpoints, positions, budget)
+                projection = self._project(chat, policy, found, budget=budget, frontier=frontier)
             if projection.tokens > policy.sync_compaction_ratio * budget:
                 # Out of time (or the summary failed): go ahead with the deterministic state
                 # of everything the summary has not covered yet; tailoring and recall do the rest.
-                projection = self._project(chat, policy, found, state_only=True, budget=budget)
+                projection = self._project(chat, policy, found, state_only=True, budget=budget, frontier=frontier)
         projection = self._fit(chat, policy, projection, budget)
         view.messages = projection.messages
         view.tools = projection.tools
@@ -144,7 +150,7 @@ class ViewBuilder:
         view.hidden = projection.hidden
         view.checkpoint = projection.checkpoint.id if projection.checkpoint else None
         view.raw_estimate = projection.raw_tokens
-        if projection.compacted_tokens > (policy.compact_trigger_ratio - policy.view_target_ratio) / 2 * budget:
+        if projection.compacted_tokens > policy.view_target_ratio * budget:
             # Placeholders have piled up (a long loop): they keep the view from settling at its
             # target, so the summary that folds them is due now, below the usual trigger, and it
             # covers just them: the rounds still raw stay raw.
@@ -179,15 +185,44 @@ class ViewBuilder:
 
     # -- the pure steps, wired ---------------------------------------------------------------
 
-    def _project(self, chat: ChatRequest, policy: Policy, found, *, state_only: bool = False, budget: int = 0) -> Projection:
+    def _plan(self, chat: ChatRequest, policy: Policy, checkpoints: list[Checkpoint], positions: dict[str, int],
+              budget: int) -> tuple[tuple[Checkpoint, int] | None, int]:
+        """The checkpoint on the path the view uses (with its boundary index) and the compaction
+        frontier (a message index on the path), replayed by ``plan_view``: a new checkpoint is
+        adopted only at a compaction event, so the prefix changes once, not twice; one written
+        for a request that did not fit (sync) is adopted at that request."""
+        on_path = [(cp, positions[cp.boundary]) for cp in checkpoints if cp.boundary in positions]
+        names = recall_tool_names(chat.body.get("tools")) if policy.recall else None
+        load_tool = names[1] if names else "session_load"
+        rounds, raw, compacted = round_sizes(chat.history, chat.ids, policy, self.counter, load_tool)
+        fixed = self.counter.count_messages(chat.instructions) + self.counter.count_tools(chat.body.get("tools"))
+        if names:
+            fixed += self._recall_cost(names)
+        marks = [CheckpointMark(pos, max(pos, positions.get((cp.meta or {}).get("after"), pos)), self._block_tokens(cp),
+                                forced=cp.mode == "sync") for cp, pos in on_path]
+        index, frontier = plan_view(rounds, raw, compacted, fixed, marks, policy, budget)
+        found = on_path[index] if index is not None else None
+        return found, rounds[frontier][0] if frontier < len(rounds) else len(chat.history)
+
+    def _block_tokens(self, checkpoint: Checkpoint) -> int:
+        """What a checkpoint's summary block costs in the view (cached by checkpoint id)."""
+        def build() -> dict:
+            return {"role": "system", "content": render_summary_block(checkpoint.summary, checkpoint.state)}
+        return self.counter.count_built(f"block|{checkpoint.id}", build)
+
+    def _project(self, chat: ChatRequest, policy: Policy, found, *, state_only: bool = False, budget: int = 0,
+                 frontier: int | None = None) -> Projection:
         checkpoint, pos = found if found else (None, -1)
         start = pos + 1
         tail, tail_ids = chat.history[start:], chat.ids[start:]
+        shift = -start
         if tail and tail[0].get("role") != "user":
             # The checkpoint covers part of the current turn: its user message (the task) stays.
             task = last_user_index(chat.history[:start])
             if task is not None:
                 tail, tail_ids = [chat.history[task], *tail], [chat.ids[task], *tail_ids]
+                shift += 1
+        frontier_at = None if frontier is None else max(0, frontier + shift)
         names = recall_tool_names(chat.body.get("tools")) if policy.recall else None
         load_tool = names[1] if names else "session_load"
         summary = checkpoint.summary if checkpoint else None
@@ -209,7 +244,7 @@ class ViewBuilder:
             if names:
                 fixed += self._recall_cost(names)
         compacted, stats = compact_tool_results(tail, tail_ids, policy, self.counter, load_tool=load_tool,
-                                                budget=raw_budget, fixed_tokens=fixed)
+                                                budget=raw_budget, fixed_tokens=fixed, frontier_at=frontier_at)
         hidden = set(chat.ids[:start]) - set(tail_ids)
         hidden.update(i for i, old, new in zip(tail_ids, tail, compacted) if old is not new)
         tools = chat.body.get("tools")

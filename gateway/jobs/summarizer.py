@@ -30,6 +30,7 @@ import asyncio
 import logging
 import time
 
+from gateway.chat.offload import pure as off_loop  # issue 9: big deltas are read in a worker thread
 from gateway.http.upstream import Upstream
 from gateway.jobs.backoff import Breaker, SessionBackoff
 from gateway.settings import SummarySettings
@@ -327,7 +328,7 @@ class Summarizer:
         start, end, previous = bounds
         delta, delta_ids = job.history[start:end], job.ids[start:end]
         policy = job.policy
-        delta_state = extract_exact_values(delta)
+        delta_state = await off_loop(extract_exact_values, delta)
         state = merge_state(previous.state if previous else None, delta_state)
         summary = previous.summary if previous else None
         model = policy.summary_model or job.model
@@ -349,6 +350,7 @@ class Summarizer:
             self.checkpoints.add, job.ref.key, boundary=job.ids[end - 1], summary=summary or "", state=state, covered_tokens=covered_tokens,
             covered_events=end, model=model, mode=job.mode,
             previous=previous.id if previous else None, summary_tokens=summary_tokens,
+            meta={"after": job.ids[-1]},  # views adopt it at their first compaction event after this
         )
         self.metrics.summary_created.labels(job.mode).inc()
         if model == DETERMINISTIC_MODEL:

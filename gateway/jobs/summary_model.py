@@ -152,7 +152,7 @@ class SummaryModel:
         session already has a rejection history (then it is not worth a second call)."""
         for attempt in range(2):
             text = await self.call(job, messages)
-            problems = validate_summary(text, checked, job.policy)
+            problems = validate_summary(text, checked, job.policy, self.counter.count_text(text or ""))
             if not problems:
                 self.outcome(job, True, "ok")
                 return text

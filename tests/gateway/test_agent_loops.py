@@ -93,3 +93,36 @@ async def test_summary_covers_part_of_the_current_turn_and_the_task_stays(start_
     within_turn = [b for b in summarised if b["messages"][2] == tasks[-1] and b["messages"][3]["role"] == "assistant"
                    and b["messages"][-1]["role"] == "tool"]
     assert within_turn, "a summary covers part of the current turn while the loop runs"
+
+
+async def test_a_new_summary_waits_for_the_next_compaction_event(start_gateway, upstream):
+    # Summaries land between requests; each is adopted only by a request whose placeholders move
+    # anyway, so the prompt prefix changes once per event instead of once more per summary.
+    gw = await start_gateway()  # the default profile
+    session = agent_loop_session(seed=5, turns=1, calls=64)
+    _, raw = await drive_loop(client(gw, "loop-events"), session, model="fake-32k")
+    await settle(gw)
+    assert all(r.http_response.status_code == 200 for r in raw)
+    bodies = forwarded(upstream)
+    assert_valid_and_fits(bodies)
+
+    def block(body):
+        second = body["messages"][1]
+        return second["content"] if second["role"] == "system" and "<session_summary>" in second["content"] else None
+
+    def placeholders(body):
+        return sum(is_placeholder(m) for m in body["messages"])
+
+    switches = [(prev, cur) for prev, cur in zip(bodies, bodies[1:]) if block(cur) != block(prev)]
+    assert switches, "a summary folded the placeholders of the long turn"
+    for prev, cur in switches:
+        # The summary came with a compaction event: raw results became placeholders (or old
+        # placeholders were folded into the summary) in the very same request.
+        assert placeholders(cur) != placeholders(prev)
+        assert count_prompt(cur) < count_prompt(prev)
+        # ...which happens only when the view reaches the trigger (0.7 of the budget), not
+        # whenever a summary happens to finish.
+        assert count_prompt(prev) >= 0.5 * WINDOW
+    # Between events a request extends the previous one.
+    appended = sum(cur["messages"][: len(prev["messages"])] == prev["messages"] for prev, cur in zip(bodies, bodies[1:]))
+    assert appended >= 0.75 * (len(bodies) - 1)

@@ -29,7 +29,7 @@ def test_old_large_results_become_placeholders(counter):
         if i < eligible_end:
             text = out[i]["content"]
             assert "succeeded" in text and "do not run it again" in text
-            assert "read_file" in text and msgs[i]["tool_call_id"] in text
+            assert "read_file" in text  # the call id rides in the message's own tool_call_id
             assert ids[i] in text and "session_load" in text
             assert str(counter.count_message(msgs[i], ids[i])) in text
             assert out[i]["tool_call_id"] == msgs[i]["tool_call_id"]
@@ -225,3 +225,53 @@ def test_compacted_tokens_count_only_rounds_with_placeholders(counter):
     _, stats = compact_tool_results(loop, ids_for(loop), policy, counter, budget=20_000, fixed_tokens=100)
     assert stats.replaced > 0 and 0 < stats.compacted_tokens < sum(counter.count_message(m) for m in loop) / 5
     assert stats.raw_tail_tokens > 0
+
+
+# --- plan_view: a checkpoint is adopted only at a compaction event ------------------------------
+
+from policies.compaction import CheckpointMark, plan_view  # noqa: E402
+
+
+def _rounds(n: int) -> list[tuple[int, int]]:
+    return [(2 * i, 2 * i + 2) for i in range(n)]  # an assistant call and its result per round
+
+
+def test_plan_adopts_a_new_checkpoint_at_the_next_event_not_before():
+    policy = Policy(compact_trigger_ratio=0.6, view_target_ratio=0.1, keep_recent_rounds=2, compact_batch_rounds=1)
+    raw, compacted = [100] * 30, [10] * 30
+    mark = CheckpointMark(boundary=9, after=11, tokens=50)  # covers rounds 0-4, known from round 5
+    seen = []
+    for n in range(1, 31):
+        index, frontier = plan_view(_rounds(n), raw[:n], compacted[:n], 0, [mark], policy, 1000)
+        seen.append((index, frontier))
+    # Events: the view passes 600 tokens at round 5 (0..5 = 600 + fixed 0 is not over; round 6 is).
+    first_event = next(n for n, (i, f) in enumerate(seen) if f > 0)
+    assert all(i is None for i, _ in seen[:first_event])
+    assert seen[first_event][0] == 0  # adopted at the event, the same request whose prefix changes
+    # Between events nothing changes: checkpoint and frontier stay until the view passes the trigger again.
+    changes = [n for n in range(1, 30) if seen[n] != seen[n - 1]]
+    assert all(b - a >= 2 for a, b in zip(changes, changes[1:])) and len(changes) < 15
+    # The checkpoint switched at a request whose frontier jumped too: one prefix change, not two.
+    assert all(seen[n][1] != seen[n - 1][1] for n in changes if seen[n][0] != seen[n - 1][0])
+    # Monotone: never back to an older checkpoint or an earlier frontier.
+    assert all(seen[n][1] >= seen[n - 1][1] for n in range(1, 30))
+
+
+def test_plan_keeps_an_unadopted_checkpoint_out_of_the_view_below_the_trigger():
+    policy = Policy(compact_trigger_ratio=0.9, view_target_ratio=0.1, keep_recent_rounds=2)
+    mark = CheckpointMark(boundary=3, after=5, tokens=50)
+    assert plan_view(_rounds(5), [100] * 5, [10] * 5, 0, [mark], policy, 1000) == (None, 0)
+
+
+def test_plan_adopts_a_sync_checkpoint_at_its_own_round():
+    policy = Policy(compact_trigger_ratio=0.9, view_target_ratio=0.1, keep_recent_rounds=2)
+    forced = CheckpointMark(boundary=3, after=9, tokens=50, forced=True)  # the request ending in round 4
+    index, frontier = plan_view(_rounds(5), [100] * 5, [10] * 5, 0, [forced], policy, 1000)
+    assert index == 0 and frontier >= 2
+
+
+def test_plan_never_compacts_the_newest_rounds():
+    policy = Policy(compact_trigger_ratio=0.2, view_target_ratio=0.01, keep_recent_rounds=3)
+    for n in range(1, 20):
+        _, frontier = plan_view(_rounds(n), [500] * n, [10] * n, 0, [], policy, 1000)
+        assert frontier <= max(0, n - 3)

@@ -212,3 +212,10 @@ def test_correction_request_keeps_the_request_and_names_the_problems():
     retry = render_correction_request(messages, ["missing sections: Goal"])
     assert retry[:-1] == messages
     assert "missing sections: Goal" in retry[-1]["content"] and "## Next step" in retry[-1]["content"]
+
+
+def test_a_wall_of_identifiers_is_too_long_in_tokens_though_short_in_words():
+    policy = Policy(summary_max_words=100)
+    assert validate_summary(GOOD, {}, policy, tokens=250) == []
+    problems = validate_summary(GOOD, {}, policy, tokens=301)
+    assert len(problems) == 1 and "301 tokens" in problems[0] and "exact value" in problems[0]
