@@ -67,7 +67,7 @@ def create_app(settings: Settings) -> web.Application:
     app = web.Application(
         middlewares=[request_log_middleware, error_middleware, body_middleware],
         client_max_size=int(settings.server.max_body_mb * 1024 * 1024),
-        handler_args={"keepalive_timeout": settings.server.keepalive_timeout_s},  # also bounds an unfinished request head
+        handler_args=edge.handler_args(settings.server),  # keep-alive (bounds an unfinished request head), protocol log
     )
     edge.install(app)  # parser rejections in the OpenAI envelope too, and a deadline on reading a body
     app[SETTINGS] = settings

@@ -18,6 +18,13 @@ reach on its own:
   ``server.body_read_timeout_s`` or the request is a 408 (``gateway.http.body`` does the same for
   streamed pass-through uploads, chunk by chunk).
 
+- **Logs.** aiohttp logs each rejection with a traceback whose message quotes the client's
+  bytes (a header that failed to parse may be a credential). The protocol's logger, handed over
+  in `handler_args`, is ``palimpsest.http`` with a filter that keeps only the rejection's type.
+- **Unfinished request heads.** A connection that never completes its request head holds no
+  handler, only a socket, until aiohttp's keep-alive timer closes it: ``server.keepalive_timeout_s``
+  (75 s; aiohttp's default is 3630 s).
+
 `install` makes the app's factory build `GatewayRequest`s. This relies on private names of
 aiohttp (``Application._make_request``, ``Request._prepare_hook``, called after the headers are
 computed and before they are written, and ``StreamResponse._set_status``), stable since 3.0;
@@ -28,9 +35,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from http import HTTPStatus
+from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from gateway.http.body import too_slow
 from gateway.http.errors import error_body
@@ -59,6 +69,27 @@ class GatewayRequest(web.Request):
             response.headers["Content-Length"] = str(len(body))
             return
         await super()._prepare_hook(response)
+
+
+class _Rejections(logging.Filter):
+    """A parser rejection becomes one line naming its type: no traceback, no client bytes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            record.msg, record.args = "malformed request rejected: %s", (type(exc).__name__,)
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+PROTOCOL_LOG = logging.getLogger("palimpsest.http")
+PROTOCOL_LOG.addFilter(_Rejections())
+
+
+def handler_args(server: Any) -> dict[str, Any]:
+    """aiohttp protocol settings for `web.Application(handler_args=...)` (every runner gets them)."""
+    return {"keepalive_timeout": server.keepalive_timeout_s, "logger": PROTOCOL_LOG}
 
 
 def install(app: web.Application) -> None:

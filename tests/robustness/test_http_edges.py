@@ -261,3 +261,18 @@ async def test_path_and_query_reach_the_upstream_as_the_client_encoded_them(edge
     raw = await _exchange(_port(gw), _head("/v1/files/a%20b%3F%23c/content?q=a%26b&after=x%2Fy"))
     assert raw.startswith(b"HTTP/1.1 200"), raw[:200]
     assert [s["raw_path"] for s in seen] == ["/base/v1/files/a%20b%3F%23c/content?q=a%26b&after=x%2Fy"]
+
+
+# --- what the logs keep of a rejected request ---
+
+
+async def test_parser_rejection_logs_no_client_bytes(edge_gw, caplog):
+    """A header the parser refuses may carry a credential: the log names the rejection, not the bytes."""
+    gw, _ = edge_gw
+    secret = "sk-live-0123456789abcdef"
+    for request_bytes in (_head(extra=f"Authorization: Bearer {secret}\x01\r\n"),
+                          _head(extra=f"X-Key: {secret}" + "z" * 9000 + "\r\n")):
+        status, _, _ = _envelope(await _exchange(_port(gw), request_bytes))
+        assert status in (400, 431)
+    assert secret not in caplog.text
+    assert "malformed request" in caplog.text
