@@ -56,13 +56,13 @@ BASE = Ranking()
 VARIANTS: dict[str, tuple[int, int, Ranking]] = {
     "base": (1200, 200, BASE),
     "old": (1200, 200, Ranking(vector_weight=1.0, role_prior=0.0, exchange=0.0, tool_lines=0.0,
-                               text_depth=1.0)),  # before issue 10's tuning
+                               text_extra=0)),  # before issue 10's tuning
     # Before the second round of issue 10 (exchange pairing, tool-result lines).
     "pre": (1200, 200, dataclasses.replace(BASE, role_prior=0.0, exchange=0.0, tool_lines=0.0,
-                                           text_depth=1.0)),
+                                           text_extra=0)),
     "noexchange": (1200, 200, dataclasses.replace(BASE, role_prior=0.0, exchange=0.0)),
-    "notoollines": (1200, 200, dataclasses.replace(BASE, tool_lines=0.0, text_depth=1.0)),
-    "toollines-d1": (1200, 200, dataclasses.replace(BASE, text_depth=1.0)),
+    "notoollines": (1200, 200, dataclasses.replace(BASE, tool_lines=0.0, text_extra=0)),
+    "toollines-d1": (1200, 200, dataclasses.replace(BASE, text_extra=0)),
     "toollines0.5": (1200, 200, dataclasses.replace(BASE, tool_lines=0.5)),
     "toollines1.5": (1200, 200, dataclasses.replace(BASE, tool_lines=1.5)),
     "exchange0.8": (1200, 200, dataclasses.replace(BASE, exchange=0.8)),

@@ -666,7 +666,7 @@ def _rank_as_before() -> None:
     """Every SearchIndex built in this process ranks as before issue 10's second round."""
     from store.index import Ranking, SearchIndex
 
-    before = Ranking(role_prior=0.0, exchange=0.0, tool_lines=0.0, text_depth=1.0)
+    before = Ranking(role_prior=0.0, exchange=0.0, tool_lines=0.0, text_extra=0)
     original = SearchIndex.__init__
 
     def init(self, *args, **kwargs):

@@ -9,7 +9,9 @@ ten planted facts, then reports:
   events per `add` as a live gateway would, with background maintenance running;
 - search p50/p99 over `--queries` queries, on both builds, with and without 50 excluded events;
 - hit@5 of the planted facts, asked by keyword and by paraphrase;
-- hit@5 on `--cases` LongMemEval questions, each over its own ~500-turn session.
+- hit@5 on `--cases` LongMemEval questions, each over its own ~500-turn session;
+- search p50/p99 on a ~500-event agent session (user turn, tool call, 300-2,500-token tool
+  output per round: the tool-result line scoring of store/passages.py runs on every search).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from simulator.workloads import synthetic_session  # noqa: E402
 from store.embedders import WordLlamaEmbedder  # noqa: E402
 from store.index import IndexedEvent, Ranking, SearchIndex  # noqa: E402
 
@@ -34,7 +37,7 @@ DATA = "/work/shared/data/longmemeval/*.json"
 # --ranking: the default, or the ranking before exchange pairing and tool-result lines.
 RANKINGS = {
     "default": None,
-    "pre": Ranking(role_prior=0.0, exchange=0.0, tool_lines=0.0, text_depth=1.0),
+    "pre": Ranking(role_prior=0.0, exchange=0.0, tool_lines=0.0, text_extra=0),
 }
 
 # (fact planted in a user turn, keyword query, paraphrased query)
@@ -170,7 +173,25 @@ async def main(cases: int, query_count: int, ranking: Ranking | None = None) -> 
             found += bool(evidence & {hit.event_id for hit in hits})
         if cases:
             print(f"LongMemEval questions hit@5 (evidence turn in top 5): {found}/{cases}")
+
+        agent = agent_events(rounds=170)
+        await index.add("agent", agent)
+        asked = [q for fact in synthetic_session(1, rounds=170).facts for q in (fact.question, fact.paraphrase)]
+        asked = (asked * (len(queries) // len(asked) + 1))[: len(queries)]
+        print(f"agent session: {len(agent)} events; search {percentiles(await time_searches(index, 'agent', asked))}")
         index.close()
+
+
+def agent_events(rounds: int) -> list[IndexedEvent]:
+    """simulator.workloads' synthetic agent session as ledger events (user, tool call, tool)."""
+    events: list[IndexedEvent] = []
+    for r in synthetic_session(1, rounds=rounds).rounds:
+        for role, text in (("user", r["user"]), ("assistant", f"[called {r['tool']}({json.dumps(r['args'])})]"),
+                           ("tool", r["output"])):
+            seq = len(events)
+            events.append(IndexedEvent(f"g{seq}", seq, role, 1_700_000_000.0 + 60 * seq, text,
+                                       events[-1].event_id if events else ""))
+    return events
 
 
 if __name__ == "__main__":

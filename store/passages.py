@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from functools import lru_cache
 
 from store.chunking import query_terms
 
@@ -38,14 +39,28 @@ def terms(query: str) -> list[str]:
 
 
 def line_coverage(texts: Iterable[str], wanted: list[str]) -> float:
-    """Largest share of `wanted` found together on one line of any of `texts` (0..1)."""
+    """Largest share of `wanted` found together on one line of any of `texts` (0..1).
+
+    A line's word matches a wanted stem when it is the stem plus at most one of the suffixes
+    `stem` strips. Substring tests (C speed) bound each line's count first, and only a line
+    that could beat the best so far is matched word by word.
+    """
     if not wanted:
         return 0.0
+    pattern = _pattern(tuple(wanted))
     best = 0
     for text in texts:
-        for line in text.split("\n"):
-            words = {stem(word) for word in _WORD.findall(line.lower())}
-            best = max(best, sum(1 for term in wanted if term in words))
+        for line in text.lower().split("\n"):
+            if sum(1 for term in wanted if term in line) <= best:
+                continue
+            best = max(best, len({match.group(1) for match in pattern.finditer(line)}))
             if best == len(wanted):
                 return 1.0
     return best / len(wanted)
+
+
+@lru_cache(maxsize=256)
+def _pattern(wanted: tuple[str, ...]) -> re.Pattern[str]:
+    alternatives = "|".join(re.escape(term) for term in sorted(wanted, key=len, reverse=True))
+    suffixes = "|".join(_SUFFIXES)
+    return re.compile(rf"\b({alternatives})(?:{suffixes})?\b")

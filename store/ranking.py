@@ -14,6 +14,7 @@ a held-out split.
 
 from __future__ import annotations
 
+import heapq
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -72,9 +73,11 @@ class Ranking:
     # the same, 1.5 worse) took facts in tool logs (bench/ranking.py `toollog`) 0.375 -> 0.425
     # tuning, 0.286 -> 0.304 held out, and the simulator's agent facts 0.667 -> 0.833 held out.
     tool_lines: float = 1.0
-    # The BM25 leg fetches this x the search depth: a fact line's chunk often ranks 20-40th
-    # among logs that repeat a query word, and `tool_lines` can only lift what was fetched.
-    text_depth: float = 2.0
+    # The BM25 leg fetches this many rows more than the vector leg (20 + 20 for 5 hits): a fact
+    # line's chunk often ranks 20-40th among logs that repeat a query word, and `tool_lines`
+    # can only lift what was fetched. Additive, so a search with many exclusions (depth 120)
+    # does not pay for twice the rows.
+    text_extra: int = 20
 
 
 @dataclass(frozen=True)
@@ -154,7 +157,7 @@ def fuse(
             rows = {event_id: chunk_rows[key] for event_id, key in best_chunk.items()}
             event_scores = _pair(event_scores, rows, wanted, ranking)
     if ranking.tool_lines:
-        event_scores = _tool_lines(event_scores, chunk_rows, query, ranking.tool_lines)
+        event_scores = _tool_lines(event_scores, chunk_rows, query, ranking.tool_lines, limit)
     if ranking.neighbour:
         event_scores = _borrow(event_scores, {e: chunk_rows[k] for e, k in best_chunk.items()},
                                ranking.neighbour)
@@ -175,20 +178,38 @@ def fuse(
 
 
 def _tool_lines(
-    scores: dict[str, float], chunk_rows: dict[tuple[str, int], dict], query: str, weight: float
+    scores: dict[str, float],
+    chunk_rows: dict[tuple[str, int], dict],
+    query: str,
+    weight: float,
+    keep: int,
 ) -> dict[str, float]:
-    """Each tool event adds `weight` x the best line coverage of its retrieved chunks."""
+    """Each tool event adds `weight` x the best line coverage of its retrieved chunks.
+
+    Events are visited best first and the visit stops once even a full bonus could not lift an
+    event into the best `keep`: the scan of a log's lines is the costly part, and the events
+    past that point keep their fused score (they are not returned anyway).
+    """
     wanted = terms(query)
-    if not wanted:
-        return scores
     texts: dict[str, list[str]] = {}
     for (event_id, _), row in chunk_rows.items():
         if row["role"] == "tool":
             texts.setdefault(event_id, []).append(row["text"])
-    return {
-        event_id: score + (weight * line_coverage(texts[event_id], wanted) if event_id in texts else 0.0)
-        for event_id, score in scores.items()
-    }
+    if not wanted or not texts:
+        return scores
+    lifted = dict(scores)
+    best: list[float] = []  # min-heap of the `keep` best final scores so far
+    for event_id, score in sorted(scores.items(), key=lambda item: -item[1]):
+        if len(best) >= keep and score + weight <= best[0]:
+            break
+        if event_id in texts:
+            score += weight * line_coverage(texts[event_id], wanted)
+            lifted[event_id] = score
+        if len(best) < keep:
+            heapq.heappush(best, score)
+        elif score > best[0]:
+            heapq.heapreplace(best, score)
+    return lifted
 
 
 def _margin(rows: list[dict], k: float) -> float:
