@@ -13,6 +13,9 @@ milliseconds). Above it, three steps move to a worker thread:
 
 The token counter is shared with the gateway's loop, so what the worker counts (the big
 message) is cached for the summariser and the next turn.
+
+Background jobs use ``pure``: a pure function over many or big messages (the summary job's
+exact-value extraction over a 10,000-message delta takes ~1-2 s) runs in a worker thread.
 """
 
 from __future__ import annotations
@@ -20,13 +23,17 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
+from typing import Any, Callable, TypeVar
 
 from gateway.chat.request import ChatRequest, parse_chat_request
 from gateway.chat.views import View, ViewBuilder
 from store.canonical import path_ids
 from store.ledger import SessionRef
 
+T = TypeVar("T")
 BIG_BODY_BYTES = 128 * 1024
+# A message list this long, or with this much text, is worth a thread hop (~0.1 ms).
+MANY_MESSAGES = 256
 
 
 def is_big(raw: bytes) -> bool:
@@ -36,6 +43,30 @@ def is_big(raw: bytes) -> bool:
 def _parse_and_hash(raw: bytes) -> tuple[ChatRequest, list[str]]:
     chat = parse_chat_request(raw)
     return chat, path_ids(chat.history) if chat.history else []
+
+
+def is_heavy(messages: list) -> bool:
+    """Many messages, or more than BIG_BODY_BYTES of string content (a cheap upper look)."""
+    if len(messages) >= MANY_MESSAGES:
+        return True
+    size = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            size += len(content)
+        elif isinstance(content, list):
+            size += sum(len(part["text"]) for part in content if isinstance(part, dict) and isinstance(part.get("text"), str))
+        if size >= BIG_BODY_BYTES:
+            return True
+    return False
+
+
+async def pure(fn: Callable[..., T], messages: list, /, *args: Any, **kwargs: Any) -> T:
+    """`fn(messages, *args, **kwargs)`: inline for a few small messages, else in a worker thread.
+    `fn` must be pure (policies/): it shares nothing with the loop but its arguments."""
+    if not is_heavy(messages):
+        return fn(messages, *args, **kwargs)
+    return await asyncio.to_thread(fn, messages, *args, **kwargs)
 
 
 async def parse_and_hash(raw: bytes) -> tuple[ChatRequest, list[str]]:

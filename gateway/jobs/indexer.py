@@ -8,13 +8,17 @@ import weakref
 from typing import TYPE_CHECKING, Callable
 
 from policies.messages import call_arguments, call_name, content_text, tool_calls
-from store import call as store_call
 from store.ledger import Event, Ledger
 
 if TYPE_CHECKING:
     from store.index import SearchIndex
 
 log = logging.getLogger("palimpsest.indexer")
+
+# Events handed to the index per add: chunking, Arrow conversion and the known-id query of a
+# batch run on the event loop, so a 10,000-message catch-up goes in slices with the loop free
+# between them (issue 9: no stall over 1 s).
+BATCH_EVENTS = 256
 
 
 def event_text(event: Event) -> str:
@@ -61,11 +65,17 @@ class Indexer:
 
         async with lock:
             seq = index.indexed_seq(session_key)
-            events = [e for e in await store_call(self.ledger.since, session_key, seq) if e.kind == "message"]
-            if not events:
-                return 0
-            batch = [IndexedEvent(e.id, e.seq, e.role, e.created, event_text(e), e.parent or "") for e in events]
-            return await index.add(session_key, batch)
+            # Reading and decoding what is new (10,000 events: ~0.3 s of CPU) happens off the loop.
+            batch = await asyncio.to_thread(self._unindexed, session_key, seq, IndexedEvent)
+            added = 0
+            for start in range(0, len(batch), BATCH_EVENTS):
+                added += await index.add(session_key, batch[start : start + BATCH_EVENTS])
+            return added
+
+    def _unindexed(self, session_key: str, seq: int, indexed_event) -> list:
+        """The session's message events after `seq`, as index rows (runs in a worker thread)."""
+        events = self.ledger.since(session_key, seq)
+        return [indexed_event(e.id, e.seq, e.role, e.created, event_text(e), e.parent or "") for e in events if e.kind == "message"]
 
     def bookkeeping(self) -> dict[str, int]:
         """Sizes of what is kept per session (all bounded by the sessions in flight)."""
