@@ -74,24 +74,24 @@ def snippet(text: str, query: str, width: int = 300) -> str:
     for term in query_terms(query):
         hits.extend((m.start(), term) for m in re.finditer(rf"\b{re.escape(term)}", text, re.I))
     hits.sort()
-    # Slide a window anchored a third of its width before each hit; keep the one holding the
-    # most distinct terms (the earliest on ties).
+    # The tightest run of hits holding the most distinct terms (the earliest on ties), shown
+    # from a third of the width before it. A run spans at most two thirds of the width, so it
+    # fits; tightest, so a fact's line holding every term beats a stretch of filler where the
+    # terms merely fall within one window (the earliest such stretch used to win, leaving the
+    # fact cut off at the window's end).
     start = 0
-    best = 0
+    best: tuple[int, int] = (0, 0)
     inside: Counter[str] = Counter()
-    low = high = 0
-    for position, _ in hits:
-        window_start = max(0, position - width // 3)
-        while high < len(hits) and hits[high][0] < window_start + width:
-            inside[hits[high][1]] += 1
-            high += 1
-        while hits[low][0] < window_start:
+    low = 0
+    for position, term in hits:
+        inside[term] += 1
+        while position - hits[low][0] > width * 2 // 3 or inside[hits[low][1]] > 1:
             inside[hits[low][1]] -= 1
             if not inside[hits[low][1]]:
                 del inside[hits[low][1]]
             low += 1
-        if len(inside) > best:
-            best, start = len(inside), window_start
+        if (len(inside), hits[low][0] - position) > best:
+            best, start = (len(inside), hits[low][0] - position), max(0, hits[low][0] - width // 3)
     start = min(start, len(text) - width)
     end = start + width
     if start > 0:

@@ -107,3 +107,15 @@ def test_a_tool_log_whose_one_line_holds_the_question_ranks_above_logs_repeating
     assert hits[0].event_id == "t2"
     # A chat turn gets no line bonus: its score is the fused one.
     assert next(hit for hit in hits if hit.event_id == "u1").score == pytest.approx(5.0 / 6.0)
+
+
+def test_snippet_shows_the_line_holding_every_term_not_the_first_window_that_reaches_it():
+    from store.chunking import snippet
+
+    filler = " ".join(f"INFO worker queue step{n}" for n in range(30))
+    near = " ".join(f"INFO step{n}" for n in range(12))  # ~130 chars: both fit one 300-char window
+    text = (filler + " migration " + near + " NOTE the file holds the migration: /srv/app/migrations/0042.py "
+            + filler)
+    shown = snippet(text, "Which file holds the migration?", 300)
+    assert "/srv/app/migrations/0042.py" in shown
+    assert shown.index("NOTE") < 150  # the fact sits in the first half, not cut at the end
