@@ -95,7 +95,7 @@ def checkpoints_of(bench: Bench, session_id: str) -> int:
 
 
 async def synthetic(args, mode: str) -> list[dict]:
-    bench = await Bench.start(gateway=mode == "gateway")
+    bench = await Bench.start(gateway=mode == "gateway", **args.sections)
     client = Client(bench.gateway.base_url if bench.gateway else bench.puppet.base_url)
     rows = []
     try:
@@ -133,7 +133,7 @@ LOOP_SHAPES = {"loop-1x64": (1, 64), "loop-3x30": (3, 30)}
 
 async def loops(args, mode: str, workload: str) -> list[dict]:
     turns, calls = LOOP_SHAPES[workload]
-    bench = await Bench.start(gateway=mode == "gateway")
+    bench = await Bench.start(gateway=mode == "gateway", **args.sections)
     client = Client(bench.gateway.base_url if bench.gateway else bench.puppet.base_url)
     rows = []
     try:
@@ -178,7 +178,7 @@ async def loops(args, mode: str, workload: str) -> list[dict]:
 
 
 async def longmemeval(args, mode: str, cases: list[dict]) -> list[dict]:
-    bench = await Bench.start(gateway=mode == "gateway")
+    bench = await Bench.start(gateway=mode == "gateway", **args.sections)
     client = Client(bench.gateway.base_url if bench.gateway else bench.puppet.base_url)
     rows = []
     try:
@@ -718,8 +718,19 @@ def main(argv: list[str] | None = None) -> None:
                         help="seconds per model answer in the pasted-slow scenario")
     parser.add_argument("--sync-seeds", default=None, help="seeds of the sync-wait sessions (default 11)")
     parser.add_argument("--sync-rounds", type=int, default=None, help="rounds of the sync-wait sessions (default 60)")
+    parser.add_argument("--policy", action="append", default=[], metavar="KEY=VALUE",
+                        help="a [policy] key for the gateway of the synthetic, loop and LongMemEval sections "
+                        "(repeatable; VALUE parsed as JSON, else a string), e.g. --policy compact_trigger_ratio=0.6")
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
     args = parser.parse_args(argv)
+    policy = {}
+    for item in args.policy:
+        key, _, value = item.partition("=")
+        try:
+            policy[key] = json.loads(value)
+        except ValueError:
+            policy[key] = value
+    args.sections = {"policy": policy} if policy else {}
     q = args.quick
     args.seed_list = [int(s) for s in (args.seeds or ("1,2" if q else "1,2,3,4")).split(",") if s]
     args.cases = args.cases if args.cases is not None else (3 if q else 20)

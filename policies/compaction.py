@@ -171,8 +171,13 @@ def round_sizes(messages: list[dict], event_ids: list[str | None], policy: Polic
         for i in range(start, end):
             if messages[i].get("role") != "tool":
                 continue
-            eligible = _compacted_count(messages[i], event_ids[i], counts[i], names, policy, counter, load_tool, True)
-            kept = _compacted_count(messages[i], event_ids[i], counts[i], names, policy, counter, load_tool, False)
+            # Without rules, a result under max_result_tokens goes as it is (and, under
+            # compact_min_tokens, stays so when eligible): no placeholder to build and count.
+            plain = not policy.tool_rules and counts[i] - MESSAGE_OVERHEAD <= policy.max_result_tokens
+            kept = counts[i] if plain else _compacted_count(
+                messages[i], event_ids[i], counts[i], names, policy, counter, load_tool, False)
+            eligible = counts[i] if plain and counts[i] < policy.compact_min_tokens else _compacted_count(
+                messages[i], event_ids[i], counts[i], names, policy, counter, load_tool, True)
             size -= counts[i] - kept
             low -= counts[i] - eligible
         raw.append(size)
@@ -185,12 +190,18 @@ def _compacted_count(message: dict, event_id: str | None, tokens: int, names: di
     def build() -> dict:
         return _compact_one(message, event_id, tokens, names, policy, counter, load_tool, eligible)[0]
 
+    key = _count_key(message, event_id, tokens, names, policy, load_tool, eligible)
+    return counter.count_message(build()) if key is None else counter.count_built(key, build)
+
+
+def _count_key(message: dict, event_id: str | None, tokens: int, names: dict[str, str], policy: Policy,
+               load_tool: str, eligible: bool) -> str | None:
+    """Cache key of a tool result's count as the view sends it: everything its form depends on."""
     if event_id is None:
-        return counter.count_message(build())
+        return None
     rule = policy.tool_rule(names.get(str(message.get("tool_call_id") or ""), ""))
-    key = (f"{event_id}|{load_tool}|{'c' if eligible else 'k'}|{tokens}|{policy.compact_min_tokens}|"
-           f"{policy.max_result_tokens}|{rule!r}")
-    return counter.count_built(key, build)
+    return (f"{event_id}|{load_tool}|{'c' if eligible else 'k'}|{tokens}|{policy.compact_min_tokens}|"
+            f"{policy.max_result_tokens}|{rule!r}")
 
 
 def _compact_one(message: dict, event_id: str | None, tokens: int, names: dict[str, str], policy: Policy,
@@ -241,23 +252,25 @@ def compact_tool_results(
     is every round but the protected ones, in batches (``compaction_frontier``). The newest
     ``keep_recent_rounds`` are never eligible.
     """
-    rounds, raw, compacted = round_sizes(messages, event_ids, policy, counter, load_tool)
     counts = [counter.count_message(m, k) for m, k in zip(messages, event_ids)]
     names = tool_names_by_call_id(messages)
     stats = CompactionStats()
     stats.tokens_before = stats.tokens_after = sum(counts)
     if frontier_at is not None:
+        rounds = split_rounds(messages)
         frontier = sum(1 for _, end in rounds if end <= frontier_at)
         frontier = max(0, min(frontier, len(rounds) - policy.keep_recent_rounds))
-    elif budget is None:
-        frontier = compaction_frontier(len(rounds), policy)
     else:
-        frontier = compaction_frontier_for(raw, compacted, fixed_tokens, policy, budget)
-    if budget is not None or frontier_at is not None:
-        stats.compacted_tokens = sum(c for c, r in zip(compacted[:frontier], raw) if c < r)  # rounds with placeholders
-        stats.raw_tail_tokens = sum(raw[frontier:])
+        rounds, raw, compacted = round_sizes(messages, event_ids, policy, counter, load_tool)
+        if budget is None:
+            frontier = compaction_frontier(len(rounds), policy)
+        else:
+            frontier = compaction_frontier_for(raw, compacted, fixed_tokens, policy, budget)
+            stats.compacted_tokens = sum(c for c, r in zip(compacted[:frontier], raw) if c < r)  # rounds with placeholders
+            stats.raw_tail_tokens = sum(raw[frontier:])
     out = list(messages)
     for r, (start, end) in enumerate(rounds):
+        before, placeholders = stats.tokens_after, 0
         for i in range(start, end):
             if messages[i].get("role") != "tool":
                 continue
@@ -265,9 +278,17 @@ def compact_tool_results(
             if new is messages[i]:
                 continue
             out[i] = new
+            placeholders += replaced
             stats.replaced += replaced
             stats.truncated += not replaced
-            stats.tokens_after += counter.count_message(new) - counts[i]
+            key = _count_key(messages[i], event_ids[i], counts[i], names, policy, load_tool, r < frontier)
+            stats.tokens_after += (counter.count_message(new) if key is None else counter.count_built(key, lambda: new)) - counts[i]
+        if frontier_at is not None:
+            size = sum(counts[start:end]) + stats.tokens_after - before
+            if r >= frontier:
+                stats.raw_tail_tokens += size
+            elif placeholders:
+                stats.compacted_tokens += size  # rounds with placeholders
     return out, stats
 
 

@@ -58,7 +58,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     # only down to a large raw tail, and a request that fits is not made to wait for a summary.
     "balanced": {
         "summary_trigger_ratio": 0.75, "sync_compaction_ratio": 0.85, "keep_recent_tokens": 96_000,
-        "keep_recent_share": 0.65, "compact_trigger_ratio": 0.7, "view_target_ratio": 0.1,
+        "keep_recent_share": 0.65, "compact_trigger_ratio": 0.65, "view_target_ratio": 0.1,
     },
     # Nearly untouched until the window is nearly full; for models that must see everything.
     "fidelity": {
@@ -81,7 +81,7 @@ class Policy(BaseModel):
         "untouched until the window is nearly full). Keys set explicitly win over the profile.",
     )
     keep_recent_rounds: int = Field(
-        3, ge=1,
+        2, ge=1,
         description="Newest API rounds (an assistant message and the tool results answering it) never compacted and "
         "always raw after a summary boundary: the model needs the live exchange verbatim.",
     )
@@ -102,7 +102,7 @@ class Policy(BaseModel):
         0.85, description="Share of the budget above which the request waits for a summary: async would be too late (the profile sets it)."
     )
     compact_trigger_ratio: float = Field(
-        0.7,
+        0.65,
         description="Share of the budget above which old tool results become placeholders (the profile sets it); they "
         "go in one batch, down to view_target_ratio, so the prompt prefix changes rarely.",
     )

@@ -216,9 +216,10 @@ async def test_forks_choose_their_own_checkpoint(start_gateway, upstream):
     edited = history[:2] + [{"role": "user", "content": "actually, do something else"}]
     r = await client(gw, "forky").chat.completions.with_raw_response.create(model="fake-32k", messages=edited)
     assert "x-palimpsest-checkpoint" not in r.headers
-    # Continuing the main branch uses the newest checkpoint again.
+    # Continuing the main branch uses one of its checkpoints again (the newest may wait for the
+    # next compaction event: a summary that lands between events does not rewrite the prefix).
     r = await client(gw, "forky").chat.completions.with_raw_response.create(model="fake-32k", messages=history + [{"role": "user", "content": "go on"}])
-    assert r.headers["x-palimpsest-checkpoint"] == gw.app[CHECKPOINTS].list(key)[-1].id
+    assert r.headers["x-palimpsest-checkpoint"] in {cp.id for cp in gw.app[CHECKPOINTS].list(key)}
 
 
 async def test_one_summary_job_per_session_under_concurrency(start_gateway, upstream):

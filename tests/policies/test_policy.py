@@ -8,9 +8,9 @@ from policies.policy import Policy, PolicyOverride, ToolRule, resolve_policy
 
 def test_defaults_match_the_design():
     policy = Policy()
-    assert policy.profile == "balanced" and policy.keep_recent_rounds == 3
+    assert policy.profile == "balanced" and policy.keep_recent_rounds == 2
     assert (policy.summary_trigger_ratio, policy.sync_compaction_ratio) == (0.75, 0.85)
-    assert (policy.compact_trigger_ratio, policy.view_target_ratio) == (0.7, 0.1)
+    assert (policy.compact_trigger_ratio, policy.view_target_ratio) == (0.65, 0.1)
     assert policy.injection == "system" and policy.recall is True
     assert policy.truncate_last_message is False
     assert policy.tool_rules == {} and policy.summary_model is None
@@ -90,7 +90,7 @@ def test_resolve_returns_base_itself_when_nothing_matches():
 
 def test_override_needs_both_globs_to_match():
     override = PolicyOverride(model="gpt-4o*", session="ci-*", policy={"keep_recent_rounds": 1})
-    assert resolve_policy(Policy(), [override], "gpt-4o", "dev").keep_recent_rounds == 3
+    assert resolve_policy(Policy(), [override], "gpt-4o", "dev").keep_recent_rounds == Policy().keep_recent_rounds
 
 
 def test_resolved_policy_is_validated_against_the_base():
@@ -115,7 +115,7 @@ def test_profiles_are_bundles_of_keys_and_explicit_keys_win():
     with pytest.raises(ValidationError, match="profile"):
         Policy(profile="cheap")
     with pytest.raises(ValidationError, match="view_target_ratio"):
-        Policy(view_target_ratio=0.75)  # above the balanced compaction trigger
+        Policy(view_target_ratio=0.7)  # above the balanced compaction trigger
 
 
 def test_override_can_switch_profile():
