@@ -17,7 +17,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from dataclasses import astuple, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 _SCHEMA = """
@@ -57,12 +57,10 @@ class TurnBasis:
 
 _COLUMNS = ("session_key", "node", "answer", "created", "model", "window", "budget", "client_tokens",
             "upstream_tokens", "checkpoint", "recall_calls")
-_ORDER = [f.name for f in fields(TurnBasis)]
 
 
 def _row(basis: TurnBasis) -> tuple:
-    values = dict(zip(_ORDER, astuple(basis)))
-    return tuple(values[c] for c in _COLUMNS)
+    return tuple(getattr(basis, c) for c in _COLUMNS)  # not astuple: it deep-copies every field
 
 
 class TurnLog:
