@@ -48,6 +48,10 @@ class ServerSettings(_Section):
         75.0, gt=0, description="How long a client connection may sit idle, or with its request head unfinished, before it is closed."
     )
     shutdown_timeout_s: float = Field(30.0, ge=0, description="How long SIGTERM waits for in-flight work.")
+    malloc_arena_max: int = Field(
+        2, ge=0, description="glibc malloc arenas for `serve` (like MALLOC_ARENA_MAX, which wins when set); 0 = glibc's default of "
+        "8 per core, whose free memory grew the heap under load."
+    )
 
 
 class UpstreamSettings(_Section):

@@ -147,6 +147,9 @@ def _forget_turns(settings: Settings, session_key: str) -> None:
 
 
 def serve_forever(settings: Settings, *, host: str | None = None, port: int | None = None) -> int:
+    from gateway.ops.memory import limit_arenas
+
+    limit_arenas(settings.server.malloc_arena_max)  # before any thread starts (gateway/ops/memory.py)
     from aiohttp import web
 
     from gateway.app import create_app
