@@ -22,6 +22,8 @@ __all__ = ["line_coverage", "stem", "terms"]
 
 _WORD = re.compile(r"\w+")
 _SUFFIXES = ("ing", "ed", "es", "s")
+# From this many lines on, an output has a structure: terms on most of its lines are not clues.
+STRUCTURE_LINES = 8
 
 
 def stem(word: str) -> str:
@@ -42,21 +44,28 @@ def line_coverage(texts: Iterable[str], wanted: list[str]) -> float:
     """Largest share of `wanted` found together on one line of any of `texts` (0..1).
 
     A line's word matches a wanted stem when it is the stem plus at most one of the suffixes
-    `stem` strips. Substring tests (C speed) bound each line's count first, and only a line
-    that could beat the best so far is matched word by word.
+    `stem` strips. A term on most lines of a long output is its structure ("id" in every JSON
+    row, "INFO" in every log line), not a clue to one line, and is not counted (the share is
+    still of all of `wanted`). Substring tests (C speed) bound each line's count first, and
+    only a line that could beat the best so far is matched word by word.
     """
     if not wanted:
         return 0.0
+    wanted_all = wanted
+    lines = [line for text in texts for line in text.lower().split("\n")]
+    if len(lines) >= STRUCTURE_LINES:
+        wanted = [term for term in wanted if sum(term in line for line in lines) * 2 <= len(lines)]
+        if not wanted:
+            return 0.0
     pattern = _pattern(tuple(wanted))
     best = 0
-    for text in texts:
-        for line in text.lower().split("\n"):
-            if sum(1 for term in wanted if term in line) <= best:
-                continue
-            best = max(best, len({match.group(1) for match in pattern.finditer(line)}))
-            if best == len(wanted):
-                return 1.0
-    return best / len(wanted)
+    for line in lines:
+        if sum(term in line for term in wanted) <= best:
+            continue
+        best = max(best, len({match.group(1) for match in pattern.finditer(line)}))
+        if best == len(wanted):
+            break
+    return best / len(wanted_all)
 
 
 @lru_cache(maxsize=256)

@@ -119,3 +119,22 @@ def test_snippet_shows_the_line_holding_every_term_not_the_first_window_that_rea
     shown = snippet(text, "Which file holds the migration?", 300)
     assert "/srv/app/migrations/0042.py" in shown
     assert shown.index("NOTE") < 150  # the fact sits in the first half, not cut at the end
+
+
+def test_a_term_on_most_lines_of_a_long_output_is_structure_not_a_clue():
+    from store.passages import line_coverage, terms
+
+    wanted = terms("What is the staging deploy id?")  # staging, deploy, id
+    names = ("deploy", "cache", "queue", "worker")
+    rows = "\n".join(f'{{"id": {n}, "name": "{names[n % 4]}", "state": "ok"}}' for n in range(20))
+    # "id" is on every row: only "deploy" (on a quarter of them) counts, a third of the question.
+    assert line_coverage([rows], wanted) == pytest.approx(1 / 3)
+    # A short output has no structure to discount.
+    assert line_coverage(['{"id": 7, "name": "deploy"}'], wanted) == pytest.approx(2 / 3)
+    # The ranking consequence: a user turn stating the fact stays above JSON rows that match
+    # two of the three words on every line.
+    chat = [
+        _row("u1", "user", "", "Note: the staging deploy id is DEP-58213", _score=4.0),
+        _row("t1", "tool", "a0", rows, _score=2.4),
+    ]
+    assert fuse([chat], "What is the staging deploy id?", 2, Ranking())[0].event_id == "u1"
