@@ -114,8 +114,8 @@ def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int
     Replays the path's rounds from a view of ``fixed`` tokens. While the view stays under
     ``compact_trigger_ratio * budget`` a new round only appends to it. When a round pushes it
     over, that round is a *compaction event*, the only place the view's prefix may change: the
-    newest checkpoint that existed by then is adopted (``after`` lies in a round already
-    replayed), and the frontier jumps, at least ``compact_batch_rounds`` rounds and far enough
+    newest checkpoint that existed by then is adopted (``after`` lies in an earlier round: the
+    job that wrote it had a whole request's time to finish), and the frontier jumps, at least ``compact_batch_rounds`` rounds and far enough
     to bring the view to ``view_target_ratio * budget``, never into the newest
     ``keep_recent_rounds``. A summary that lands between events so waits for the next one
     instead of rewriting the prefix on its own; a ``forced`` one (written on a request's own path
@@ -138,7 +138,8 @@ def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int
             continue
         for i in range(len(marks) - 1, -1 if active is None else active, -1):
             mark = marks[i]
-            if mark.after < len(round_of) and round_of[mark.after] <= n and mark.boundary < len(round_of):
+            if mark.after < len(round_of) and (round_of[mark.after] < n or mark.forced and round_of[mark.after] == n) \
+                    and mark.boundary < len(round_of):
                 active, first = i, round_of[mark.boundary] + 1
                 frontier = max(frontier, first)
                 view = (fixed + mark.tokens + sum(compacted[first:frontier]) + sum(raw[frontier:n + 1]))
