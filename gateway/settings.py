@@ -52,6 +52,7 @@ class ServerSettings(_Section):
         2, ge=0, description="glibc malloc arenas for `serve` (like MALLOC_ARENA_MAX, which wins when set); 0 = glibc's default of "
         "8 per core, whose free memory grew the heap under load."
     )
+    malloc_trim_s: float = Field(60.0, ge=0, description="Seconds between returning free heap pages to the kernel (glibc malloc_trim); 0 = never.")
 
 
 class UpstreamSettings(_Section):

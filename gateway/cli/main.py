@@ -147,7 +147,7 @@ def _forget_turns(settings: Settings, session_key: str) -> None:
 
 
 def serve_forever(settings: Settings, *, host: str | None = None, port: int | None = None) -> int:
-    from gateway.ops.memory import limit_arenas
+    from gateway.ops.memory import limit_arenas, trim_while_serving
 
     limit_arenas(settings.server.malloc_arena_max)  # before any thread starts (gateway/ops/memory.py)
     from aiohttp import web
@@ -163,6 +163,7 @@ def serve_forever(settings: Settings, *, host: str | None = None, port: int | No
     except ImportError:
         pass
     app = create_app(settings)
+    trim_while_serving(app, settings.server.malloc_trim_s)
     host = host or settings.server.host
     port = settings.server.port if port is None else port
     log.info("palimpsest listening", extra={"fields": {"host": host, "port": port, "upstream": settings.upstream.base_url, "store": settings.store.path}})

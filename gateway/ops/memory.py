@@ -54,6 +54,20 @@ def trim() -> bool:
     return bool(libc is not None and libc.malloc_trim(ctypes.c_size_t(0)))
 
 
+def trim_while_serving(app, interval_s: float) -> None:
+    """Run `trim_every(interval_s)` for the life of the aiohttp `app` (0: never)."""
+    if interval_s <= 0:
+        return
+
+    async def trimming(app):
+        task = asyncio.create_task(trim_every(interval_s))
+        yield
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    app.cleanup_ctx.append(trimming)
+
+
 async def trim_every(interval_s: float) -> None:
     """Run `trim` every `interval_s` seconds in a worker thread, until cancelled."""
     if interval_s <= 0 or glibc() is None:

@@ -4,7 +4,9 @@ Checked in a fresh interpreter, counting the heaps glibc's malloc_info reports."
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
+import threading
 import sys
 
 import pytest
@@ -56,3 +58,37 @@ def test_limit_arenas_caps_the_heaps_threads_use():
 def test_operator_environment_wins(monkeypatch):
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
     assert memory.limit_arenas(2) is False
+
+
+async def test_trim_runs_while_serving_and_stops_with_the_app(monkeypatch):
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    called = asyncio.Event()
+    threads: list[bool] = []
+
+    def fake_trim() -> bool:
+        threads.append(threading.current_thread() is threading.main_thread())
+        called.set()
+        return True
+
+    monkeypatch.setattr(memory, "trim", fake_trim)
+    monkeypatch.setattr(memory, "glibc", lambda: object())
+    app = web.Application()
+    memory.trim_while_serving(app, 0.01)
+    server = TestServer(app)
+    await server.start_server()
+    await asyncio.wait_for(called.wait(), 30)
+    await server.close()
+    count = len(threads)
+    await asyncio.sleep(0.05)
+    assert threads and not any(threads)  # off the event loop
+    assert len(threads) == count  # stopped with the app
+
+
+def test_no_trimming_when_off():
+    from aiohttp import web
+
+    app = web.Application()
+    memory.trim_while_serving(app, 0)
+    assert len(app.cleanup_ctx) == 0
