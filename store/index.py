@@ -288,12 +288,13 @@ class SearchIndex:
         where = f"session_key = {_sql_string(session_key)}"
         depth = max(20, 4 * limit + 2 * len(exclude_event_ids))
         while True:
+            text_depth = depth + ranking.text_extra
             text_rows, vector_rows = await asyncio.gather(
                 session.table.query()
                 .nearest_to_text(text_query(query, ranking), columns="text")
                 .where(where)
                 .select([*_COLUMNS, "_score"])
-                .limit(depth)
+                .limit(text_depth)
                 .to_list(),
                 session.table.query()
                 .nearest_to(query_vector)
@@ -311,9 +312,7 @@ class SearchIndex:
             hits = [hit for hit in fused if hit.event_id not in exclude_event_ids][:limit]
             # Go deeper only when the scope or exclusions (or many chunks per event) left the
             # list short while a leg still had more rows.
-            if len(hits) >= limit or all(
-                len(raw) < depth for raw in (text_rows, vector_rows)
-            ):
+            if len(hits) >= limit or (len(text_rows) < text_depth and len(vector_rows) < depth):
                 return hits
             depth *= 2
 
