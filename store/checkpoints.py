@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 import diskcache
 
 from store.holders import holder_is_gone
+
+MEMO_SESSIONS = 256  # sessions whose checkpoints stay decoded in memory (LRU); the rest are read back
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +63,7 @@ class DiskCheckpoints:
             str(root / "checkpoints"), sqlite_synchronous=2 if synchronous == "full" else 1,
             size_limit=2**62, eviction_policy="none",
         )
-        self._memo: dict[str, tuple[Checkpoint, ...]] = {}
+        self._memo: OrderedDict[str, tuple[Checkpoint, ...]] = OrderedDict()
 
     def add(self, session_key: str, *, boundary: str, summary: str, state: dict, covered_tokens: int,
             covered_events: int, model: str, mode: str, previous: str | None, summary_tokens: int,
@@ -73,8 +76,16 @@ class DiskCheckpoints:
                             time.time(), model, version, mode, previous, summary_tokens, meta or {})
             stored = existing + (cp,)
             self._cache[session_key] = tuple(asdict(c) for c in stored)
-        self._memo[session_key] = stored
+        self._remember(session_key, stored)
         return cp
+
+    def _remember(self, session_key: str, found: tuple[Checkpoint, ...]) -> tuple[Checkpoint, ...]:
+        # Bounded: every checkpoint of every session ever seen stayed in memory (issue 9, load).
+        self._memo[session_key] = found
+        self._memo.move_to_end(session_key)
+        while len(self._memo) > MEMO_SESSIONS:
+            self._memo.popitem(last=False)
+        return found
 
     def _load(self, session_key: str) -> tuple[Checkpoint, ...]:
         raw = self._cache.get(session_key, ())
@@ -82,8 +93,7 @@ class DiskCheckpoints:
 
     def list(self, session_key: str) -> list[Checkpoint]:
         found = self._memo.get(session_key)
-        if found is None:
-            found = self._memo[session_key] = self._load(session_key)
+        found = self._remember(session_key, self._load(session_key) if found is None else found)
         return list(found)
 
     def newest_on_path(self, session_key: str, positions: dict[str, int]) -> tuple[Checkpoint, int] | None:

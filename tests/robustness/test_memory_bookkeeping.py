@@ -109,3 +109,21 @@ async def test_indexer_locks_live_only_while_a_catch_up_runs():
     assert index.overlaps == 0
     gc.collect()
     assert indexer.bookkeeping()["locks"] == 0
+
+
+def test_checkpoint_memo_keeps_a_bounded_number_of_sessions(tmp_path, monkeypatch):
+    import store.checkpoints as checkpoints_module
+    from store.checkpoints import DiskCheckpoints
+
+    monkeypatch.setattr(checkpoints_module, "MEMO_SESSIONS", 5)
+    store = DiskCheckpoints(tmp_path / "cp")
+    try:
+        for session in range(30):
+            for n in range(2):
+                store.add(f"t:s{session}", boundary=f"b{n}", summary="x" * 1000, state={}, covered_tokens=1, covered_events=n + 1,
+                          model="m", mode="async", previous=None, summary_tokens=1)
+            assert len(store.list(f"t:s{session}")) == 2
+        assert len(store._memo) <= 5  # noqa: SLF001 - the bound is the behaviour under test
+        assert [cp.boundary for cp in store.list("t:s0")] == ["b0", "b1"]  # read back after eviction
+    finally:
+        store.close()
