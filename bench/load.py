@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import random
 import shutil
 import statistics
@@ -57,6 +58,8 @@ class Stats:
     metrics_last: dict[str, float] = field(default_factory=dict)
     aborted: int = 0
     rss_parts: list[tuple[float, dict]] = field(default_factory=list)
+    first_cycle: list[float] = field(default_factory=list)
+    seconds: float = 0.0  # seconds until each agent finished its first conversation
 
 
 async def agent(client: Client, c: int, sessions: int, rounds: int, stop_at: float, stats: Stats, rng: random.Random,
@@ -84,6 +87,8 @@ async def agent(client: Client, c: int, sessions: int, rounds: int, stop_at: flo
                     break
                 history.append(answer)
             await asyncio.sleep(rng.uniform(0.2, 1.0))  # the agent runs its tool / thinks
+        if conversation == 0:
+            stats.first_cycle.append(time.monotonic() - (stop_at - stats.seconds))
         conversation += 1
 
 
@@ -157,6 +162,7 @@ async def run(args) -> dict:
         client = Client(gateway.url, connections=args.clients + 10, timeout_s=args.timeout)
         started = time.monotonic()
         stop_at = started + args.seconds
+        stats.seconds = args.seconds
         observer = asyncio.create_task(observe(gateway, started, stop_at, stats))
         agents = [asyncio.create_task(agent(client, c, args.sessions, args.rounds, stop_at, stats, random.Random(args.seed * 7919 + c),
                                      args.abort_share))
@@ -182,12 +188,22 @@ async def run(args) -> dict:
     k = max(1, min(10, len(after) // 4))
     rss_warm = statistics.median(after[:k]) if after else float("nan")
     rss_end = statistics.median(after[-k:]) if after else float("nan")
+    # The same figure from the middle of the measured part: bounded caches (the token counter,
+    # the ledger's known ids, LanceDB's caches) fill during the first part; a leak keeps growing.
+    late = after[len(after) // 2:]
+    rss_mid = statistics.median(late[:k]) if late else float("nan")
+    points = [(t, b) for t, b in stats.rss if t >= warm and b]
+    rss_points = [(round(points[min(len(points) - 1, int(q * (len(points) - 1)))][0]),
+                   round(points[min(len(points) - 1, int(q * (len(points) - 1)))][1] / 2**20)) for q in (0, 0.25, 0.5, 0.75, 1)] if points else []
     m = stats.metrics_last
     return {
         "clients": args.clients, "sessions": args.sessions, "seconds": round(wall, 1), "requests": sum(stats.completed.values()),
         "errors": sum(stats.errors.values()), "error_kinds": dict(stats.errors), "error_examples": stats.error_examples,
         "rss_warm_mb": rss_warm / 2**20, "rss_end_mb": rss_end / 2**20, "rss_max_mb": max((b for _, b in stats.rss), default=0) / 2**20,
         "rss_growth": (rss_end - rss_warm) / rss_warm if after else float("nan"),
+        "rss_mid_mb": rss_mid / 2**20, "rss_growth_late": (rss_end - rss_mid) / rss_mid if late else float("nan"),
+        "rss_points_mb": rss_points,
+        "first_cycle_s": (round(statistics.median(stats.first_cycle)), round(max(stats.first_cycle)), len(stats.first_cycle)) if stats.first_cycle else None, "malloc_arena_max": os.environ.get("MALLOC_ARENA_MAX", ""),
         "latency_p50": statistics.median(stats.latencies) if stats.latencies else float("nan"),
         "latency_p99": sorted(stats.latencies)[int(len(stats.latencies) * 0.99)] if stats.latencies else float("nan"),
         "per_session": {s: {"completed": stats.completed[s], "worst_s": round(stats.worst[s], 2)} for s in sorted(stats.completed)},
@@ -213,6 +229,8 @@ def render(r: dict) -> str:
         ("errors", r["errors"], 0, "ok" if r["errors"] == 0 else "FAIL"),
         ("RSS growth after warm-up", f"{r['rss_growth']:+.1%} ({r['rss_warm_mb']:.0f} -> {r['rss_end_mb']:.0f} MB, max {r['rss_max_mb']:.0f})",
          "<= 10%", "ok" if r["rss_growth"] <= 0.10 else "FAIL"),
+        ("RSS growth over the second half (caches warm)", f"{r['rss_growth_late']:+.1%} ({r['rss_mid_mb']:.0f} -> {r['rss_end_mb']:.0f} MB)",
+         "-", ""),
         ("summary queue depth (max seen)", f"{r['queue_depth_max']:.0f} of {r['queue_size']}", f"<= {r['queue_size']}",
          "ok" if r["queue_depth_max"] <= r["queue_size"] else "FAIL"),
         ("summary jobs turned away by a full queue (requests went on tailored)", f"{r['summary_dropped'].get('queue_full', 0):.0f}",
@@ -228,6 +246,14 @@ def render(r: dict) -> str:
                f"{r['aborted']} streams abandoned by their client after the first chunk (then asked again); SIGTERM after the run: exit code {r['sigterm_exit']} in {r['sigterm_s']} s")
     out.append(f"RSS (s: MB) {', '.join(f'{t}: {mb}' for t, mb in r['rss_timeline_mb'])}; baseline taken at {r['warmup_s']:.0f} s "
                "(the recall index, LanceDB and WordLlama, adds ~0.5 GB once, when the first session hides history)")
+    out.append("RSS after warm-up at 0, 1/4, 1/2, 3/4 and the end (s: MB) " + ", ".join(f"{t}: {mb}" for t, mb in r["rss_points_mb"])
+               + (f"; MALLOC_ARENA_MAX={r['malloc_arena_max']}" if r["malloc_arena_max"] else ""))
+    if r.get("first_cycle_s"):
+        median, latest, agents = r["first_cycle_s"]
+        out.append(f"first conversation finished (median / latest) at {median} / {latest} s by {agents} of {r['clients']} agents: "
+                   "history sizes (and the gateway's working set) keep growing until then")
+    else:
+        out.append("no agent finished its first conversation: history sizes (and the working set) grew all run")
     out.append("RSS by kind (s: anon/file MB) " + ", ".join(f"{t}: {p.get('RssAnon', 0)}/{p.get('RssFile', 0)}" for t, p in r["rss_parts_mb"]))
     for example in r["error_examples"]:
         out.append(f"  ! {example}")
