@@ -58,8 +58,8 @@ class Stats:
     metrics_last: dict[str, float] = field(default_factory=dict)
     aborted: int = 0
     rss_parts: list[tuple[float, dict]] = field(default_factory=list)
-    first_cycle: list[float] = field(default_factory=list)
-    seconds: float = 0.0  # seconds until each agent finished its first conversation
+    first_cycle: list[float] = field(default_factory=list)  # seconds until each agent finished its first conversation
+    seconds: float = 0.0  # the run's planned length
 
 
 async def agent(client: Client, c: int, sessions: int, rounds: int, stop_at: float, stats: Stats, rng: random.Random,
