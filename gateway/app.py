@@ -129,7 +129,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         upstream=upstream, session_header=settings.session.header, views=views,
         tools=RecallTools(ledger, indexer, metrics, settings.recall.search_limit,
                           passage_tokens=settings.recall.passage_tokens,
-                          auto_tokens=settings.recall.auto_tokens), recorder=recorder,
+                          auto_tokens=settings.recall.auto_tokens,
+                          auto_placement=settings.recall.auto_placement), recorder=recorder,
         max_rounds=settings.recall.max_rounds, metrics=metrics,
     )
     pipeline = ChatPipeline(

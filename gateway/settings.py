@@ -115,6 +115,10 @@ class RecallSettings(_Section):
     auto_tokens: int = Field(
         600, ge=0, le=8000, description="Proactive recall: tokens of hidden history, found with a fresh user message, added to the view (0 = off)."
     )
+    auto_placement: Literal["system", "user"] = Field(
+        "system", description="Where the proactive recall block goes: 'system', a message of its own before the newest user "
+        "message; 'user', the start of that message (for chat templates that allow a system message only first)."
+    )
     index_uri: str = Field("", description="LanceDB URI of the recall index (s3://bucket/prefix for replicas); empty = <store.path>/index.")
     index_endpoint: str = Field("", description="S3-compatible endpoint URL for index_uri (MinIO, moto, ...); empty = AWS.")
     index_region: str = Field("us-east-1", description="S3 region for index_uri.")

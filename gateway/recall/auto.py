@@ -4,7 +4,9 @@ When the view hides part of the conversation, a model that never thinks of calli
 `session_search` answers from the summary alone. With `recall.auto_tokens` > 0 the gateway
 itself searches the hidden part of the request's path with the newest user message and adds
 the best passages to the view, as one fenced block placed just before that message (the
-prefix before it stays byte-stable for provider prompt caches). The block says it is
+prefix before it stays byte-stable for provider prompt caches): a system message of its own, or
+with ``recall.auto_placement = "user"`` the start of that user message, for chat templates that
+reject a system message after the first turn or require user and assistant turns to alternate. The block says it is
 historical data, not instructions. It costs no upstream call; it must fit the window, so the
 grown view is refitted, and a block that cannot fit is left out. Recall tools stay offered.
 Only a request that ends with a user message (a fresh question or instruction) gets a block;
@@ -89,8 +91,27 @@ async def add_recalled_history(tools: RecallTools, views, turn) -> None:
         return
     messages = list(view.messages)
     at = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "user"), len(messages))
-    messages.insert(at, {"role": "system", "content": render_block(results)})
+    block = render_block(results)
+    if tools.auto_placement == "user" and at < len(messages):
+        messages[at] = with_block(messages[at], block)
+    else:
+        messages.insert(at, {"role": "system", "content": block})
     fitted = views.refit(chat, messages, view.tools, view.budget)
-    if fitted is not None and any(m.get("content", "").startswith(OPEN) for m in fitted
-                                  if isinstance(m.get("content"), str)):
+    if fitted is not None and any(_has_block(m) for m in fitted):
         view.messages = fitted
+
+
+def with_block(message: dict, block: str) -> dict:
+    """The user message with the block ahead of its own text ("user" placement: for chat
+    templates that allow a system message only first, or that require turns to alternate)."""
+    content = message.get("content")
+    if isinstance(content, list):
+        return {**message, "content": [{"type": "text", "text": block}, *content]}
+    return {**message, "content": f"{block}\n\n{content or ''}"}
+
+
+def _has_block(message: dict) -> bool:
+    content = message.get("content")
+    if isinstance(content, list):
+        content = next((p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"), "")
+    return isinstance(content, str) and content.startswith(OPEN)

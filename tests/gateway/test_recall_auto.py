@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from gateway.keys import SETTINGS
+from gateway.keys import LEDGER, SETTINGS
 from simulator.puppet import count_prompt
 from simulator.workloads import TOOL_SPECS
 from tests.gateway.test_recall import client, long_history
@@ -45,6 +45,41 @@ async def test_hidden_fact_is_added_before_the_newest_message(start_gateway, ups
         model="fake-32k", messages=history + [question, {"role": "assistant", "content": r.choices[0].message.content},
                                               {"role": "user", "content": "thanks"}], tools=TOOL_SPECS)
     assert again.choices[0].message.content
+
+
+async def test_user_placement_puts_the_block_in_the_newest_user_message(start_gateway, upstream):
+    # For chat templates that allow a system message only first (or require strict alternation).
+    gw = await start_gateway(recall={"auto_tokens": 800, "auto_placement": "user"})
+    s, history = await long_history(gw, session="auto-user")
+    fact = s.facts[1]
+    n_before = len(upstream.chat_requests())
+    question = {"role": "user", "content": f"Quick check before we go on: {fact.question}"}
+    r = await client(gw, "auto-user").chat.completions.create(model="fake-32k", messages=history + [question], tools=TOOL_SPECS)
+    assert r.choices[0].message.content
+    body = forwarded(upstream, n_before)[0]
+    last = body["messages"][-1]
+    assert last["role"] == "user" and last["content"].startswith(BLOCK)
+    assert last["content"].endswith("</recalled_history>\n\n" + question["content"])  # the user's own words follow, unchanged
+    assert fact.answer in last["content"]
+    # No system message after the first user turn, and roles still alternate where they did.
+    first_user = next(i for i, m in enumerate(body["messages"]) if m["role"] == "user")
+    assert all(m["role"] != "system" for m in body["messages"][first_user:])
+    assert body["messages"][-2]["role"] != "user"
+    # The ledger keeps what the client sent: the question, without the block.
+    ledger = gw.app[LEDGER]
+    key = next(r.key for r in ledger.sessions() if r.session_id == "auto-user")
+    stored = [e.message.get("content") for e in ledger.since(key, -1) if e.message.get("role") == "user"]
+    assert question["content"] in stored
+    assert not any(isinstance(c, str) and BLOCK in c for c in stored)  # (the puppet's answer may echo it)
+
+
+def test_user_placement_keeps_content_parts():
+    from gateway.recall.auto import with_block
+
+    parts = [{"type": "text", "text": "what was the id?"}, {"type": "image_url", "image_url": {"url": "data:,"}}]
+    out = with_block({"role": "user", "content": parts}, "<recalled_history>x</recalled_history>")
+    assert out["content"][0] == {"type": "text", "text": "<recalled_history>x</recalled_history>"}
+    assert out["content"][1:] == parts
 
 
 async def test_on_by_default_off_with_zero_and_only_when_something_is_hidden(start_gateway, upstream):
