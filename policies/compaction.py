@@ -88,13 +88,20 @@ def compaction_frontier_for(raw: list[int], compacted: list[int], fixed: int, po
         view += size
         if view <= high:
             continue
-        limit = n + 1 - policy.keep_recent_rounds
-        moved = frontier
-        while moved < limit and (view > low or moved - frontier < policy.compact_batch_rounds):
-            view -= raw[moved] - compacted[moved]
-            moved += 1
-        frontier = max(frontier, moved)
+        frontier, view = _jump(raw, compacted, frontier, view, n, low, policy)
     return frontier
+
+
+def _jump(raw: list[int], compacted: list[int], frontier: int, view: float, n: int, low: float,
+          policy: Policy) -> tuple[int, float]:
+    """A compaction event at round ``n``: the frontier moves at least ``compact_batch_rounds``
+    and until the view is down to ``low``, never into the newest ``keep_recent_rounds``."""
+    limit = n + 1 - policy.keep_recent_rounds
+    moved = frontier
+    while moved < limit and (view > low or moved - frontier < policy.compact_batch_rounds):
+        view -= raw[moved] - compacted[moved]
+        moved += 1
+    return max(frontier, moved), view
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,12 +151,7 @@ def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int
                 frontier = max(frontier, first)
                 view = (fixed + mark.tokens + sum(compacted[first:frontier]) + sum(raw[frontier:n + 1]))
                 break
-        limit = n + 1 - policy.keep_recent_rounds
-        moved = frontier
-        while moved < limit and (view > low or moved - frontier < policy.compact_batch_rounds):
-            view -= raw[moved] - compacted[moved]
-            moved += 1
-        frontier = max(frontier, moved)
+        frontier, view = _jump(raw, compacted, frontier, view, n, low, policy)
     return active, frontier
 
 
