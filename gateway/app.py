@@ -130,7 +130,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         tools=RecallTools(ledger, indexer, metrics, settings.recall.search_limit,
                           passage_tokens=settings.recall.passage_tokens,
                           auto_tokens=settings.recall.auto_tokens,
-                          auto_placement=settings.recall.auto_placement), recorder=recorder,
+                          auto_placement=settings.recall.auto_placement,
+                          auto_timeout_s=settings.recall.auto_timeout_s), recorder=recorder,
         max_rounds=settings.recall.max_rounds, metrics=metrics,
     )
     pipeline = ChatPipeline(

@@ -119,6 +119,10 @@ class RecallSettings(_Section):
         "system", description="Where the proactive recall block goes: 'system', a message of its own before the newest user "
         "message; 'user', the start of that message (for chat templates that allow a system message only first)."
     )
+    auto_timeout_s: float = Field(
+        5.0, gt=0, description="Longest a request waits for its proactive recall search; past it the request goes on "
+        "without the block (the search finishes in the background, warming the index)."
+    )
     index_uri: str = Field("", description="LanceDB URI of the recall index (s3://bucket/prefix for replicas); empty = <store.path>/index.")
     index_endpoint: str = Field("", description="S3-compatible endpoint URL for index_uri (MinIO, moto, ...); empty = AWS.")
     index_region: str = Field("us-east-1", description="S3 region for index_uri.")

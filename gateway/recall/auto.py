@@ -16,6 +16,7 @@ every call, do not pay for it again.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -76,9 +77,19 @@ async def add_recalled_history(tools: RecallTools, views, turn) -> None:
     # snippets of the hits after the best three come first; the passages share what is left.
     budget = tools.auto_tokens * CHARS_PER_TOKEN
     fixed = len(render_block([])) + RESULTS * HIT_HEADER_CHARS + (RESULTS - len(PASSAGE_SHARES)) * SNIPPET_CHARS
+    # Best effort within auto_timeout_s: a search still catching up with a busy session's index
+    # must not hold the request. It is not cancelled (that could cut an index write short); it
+    # finishes in the background and the next request finds the index warm.
+    search = asyncio.ensure_future(tools.find(turn.ref.key, query, tools.path_scope(chat.ids, view.hidden), RESULTS,
+                                              max(0, budget - fixed) // CHARS_PER_TOKEN))
+    done, _ = await asyncio.wait({search}, timeout=tools.auto_timeout_s)
+    if not done:
+        _PENDING.add(search)
+        search.add_done_callback(_finished_late)
+        tools.metrics.recall_calls.labels("auto", "timeout").inc()
+        return
     try:
-        results = await tools.find(turn.ref.key, query, tools.path_scope(chat.ids, view.hidden), RESULTS,
-                                   max(0, budget - fixed) // CHARS_PER_TOKEN)
+        results = search.result()
     except Exception:
         log.exception("proactive recall failed; the request goes on without it")
         tools.metrics.recall_calls.labels("auto", "error").inc()
@@ -99,6 +110,15 @@ async def add_recalled_history(tools: RecallTools, views, turn) -> None:
     fitted = views.refit(chat, messages, view.tools, view.budget)
     if fitted is not None and any(_has_block(m) for m in fitted):
         view.messages = fitted
+
+
+_PENDING: set[asyncio.Future] = set()  # searches that outlived their request, kept until they end
+
+
+def _finished_late(search: asyncio.Future) -> None:
+    _PENDING.discard(search)
+    if not search.cancelled() and search.exception() is not None:
+        log.warning("late proactive recall search failed: %s", type(search.exception()).__name__)
 
 
 def with_block(message: dict, block: str) -> dict:

@@ -60,7 +60,8 @@ def _iso(ts: float) -> str:
 
 class RecallTools:
     def __init__(self, ledger: Ledger, indexer: Indexer, metrics, default_limit: int = 5, *,
-                 passage_tokens: int = 600, auto_tokens: int = 0, auto_placement: str = "system") -> None:
+                 passage_tokens: int = 600, auto_tokens: int = 0, auto_placement: str = "system",
+                 auto_timeout_s: float = 5.0) -> None:
         self.ledger = ledger
         self.indexer = indexer
         self.metrics = metrics
@@ -68,6 +69,7 @@ class RecallTools:
         self.passage_tokens = passage_tokens
         self.auto_tokens = auto_tokens  # proactive recall budget (gateway/recall/auto.py); 0 = off
         self.auto_placement = auto_placement  # "system": a message of its own; "user": in the user message
+        self.auto_timeout_s = auto_timeout_s  # proactive recall goes without its block past this
 
     async def run(self, call: dict, *, kind: str, session_key: str, path_ids: list[str], hidden: frozenset[str],
                   matches: dict[str, str] | None = None) -> str:

@@ -155,3 +155,40 @@ async def test_only_a_fresh_user_message_gets_a_block_not_an_agent_loop_continua
     found = blocks(body)
     assert len(found) == 1 and fact.answer in found[0][1]
     assert body["messages"][found[0][0] + 1]["content"] == question["content"]
+
+
+async def test_a_slow_search_does_not_hold_the_request(start_gateway, upstream):
+    # A busy session's index may still be catching up: the request goes on without the block
+    # after recall.auto_timeout_s, and the search finishes in the background.
+    import asyncio
+
+    from gateway.keys import METRICS, PIPELINE
+
+    gw = await start_gateway(recall={"auto_tokens": 800, "auto_timeout_s": 0.2})
+    s, history = await long_history(gw, session="auto-slow")
+    tools = gw.app[PIPELINE].recall.tools
+    real, finished = tools.find, []
+
+    async def slow_find(*args, **kwargs):
+        await asyncio.sleep(1.0)
+        found = await real(*args, **kwargs)
+        finished.append(len(found))
+        return found
+
+    tools.find = slow_find
+    registry = gw.app[METRICS].registry
+    labels = {"tool": "auto", "outcome": "timeout"}
+    timeouts = registry.get_sample_value("palimpsest_recall_calls_total", labels) or 0
+    n_before = len(upstream.chat_requests())
+    question = {"role": "user", "content": s.facts[1].question}
+    started = asyncio.get_running_loop().time()
+    r = await client(gw, "auto-slow").chat.completions.create(model="fake-32k", messages=history + [question], tools=TOOL_SPECS)
+    assert r.choices[0].message.content
+    assert asyncio.get_running_loop().time() - started < 10  # not a timing target: the 1 s search was not awaited whole
+    assert not blocks(forwarded(upstream, n_before)[0])
+    assert registry.get_sample_value("palimpsest_recall_calls_total", labels) == timeouts + 1
+    for _ in range(50):
+        if finished:
+            break
+        await asyncio.sleep(0.1)
+    assert finished, "the late search still ran to its end"
