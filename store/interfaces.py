@@ -17,6 +17,7 @@ never pulls in SQLite, diskcache or LanceDB.
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Iterable, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -31,6 +32,15 @@ class StoreBusy(Exception):
 
     Raised instead of waiting when the caller is on the event loop; `store.call` then runs the
     call again in a worker thread, where the store waits for the lock."""
+
+
+def on_event_loop() -> bool:
+    """True when called from a thread running an asyncio loop: a store must not block there."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 @runtime_checkable

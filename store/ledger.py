@@ -17,7 +17,6 @@ also serialises writers across processes).
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import secrets
 import sqlite3
@@ -32,7 +31,7 @@ from typing import Iterable
 import orjson
 
 from store.canonical import event_id, path_ids, stored_form
-from store.interfaces import StoreBusy
+from store.interfaces import StoreBusy, on_event_loop
 from store.migrations import migrate_sqlite
 
 
@@ -96,14 +95,6 @@ SEEN_CACHE = 100_000  # (session, event id) pairs known to exist
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
     return "locked" in str(exc) or "busy" in str(exc)
-
-
-def _on_event_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 def _event(row) -> Event:
@@ -261,7 +252,7 @@ class Ledger:
                 self._lock.release()
                 if not _is_busy(exc):
                     raise
-                if _on_event_loop():
+                if on_event_loop():
                     raise StoreBusy("the ledger is locked by another writer") from exc
                 if time.monotonic() >= deadline:
                     raise

@@ -22,7 +22,6 @@ event loop. The schema is versioned (`store.migrations`).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -35,6 +34,7 @@ from psycopg_pool import ConnectionPool
 
 from store.canonical import event_id, path_ids, stored_form
 from store.ledger import SEEN_CACHE, Event, PathSync, SessionRecord, SessionRef, event_row, new_epoch, side_event_rows
+from store.interfaces import on_event_loop
 from store.postgres_pool import lock_key, open_pool
 
 log = logging.getLogger("palimpsest.ledger")
@@ -118,7 +118,7 @@ class PostgresLedger:
         """Record the upstream's answer as the child of `parent`; always committed now (`defer`
         is accepted for interface parity: replicas share no memory to defer into)."""
         eid = event_id(parent, message)
-        if _on_event_loop():
+        if on_event_loop():
             self._behind(self._append_now, ref, parent, eid, message)
             return Event(eid, parent, -1, str(message.get("role")), stored_form(message), time.time())
         return self._append_now(ref, parent, eid, message)
@@ -189,7 +189,7 @@ class PostgresLedger:
         """Gateway-made messages hung off `node`. Called on the event loop it returns [] at once
         and commits on the writer thread (callers there do not use the events)."""
         messages = list(messages)
-        if _on_event_loop():
+        if on_event_loop():
             self._behind(self._add_side_events_now, ref, node, messages)
             return []
         return self._add_side_events_now(ref, node, messages)
@@ -350,14 +350,6 @@ class PostgresLedger:
         self._writer.shutdown(wait=True)
         if self._owns_pool:
             self._pool.close()
-
-
-def _on_event_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 
