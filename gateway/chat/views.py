@@ -210,8 +210,8 @@ class ViewBuilder:
             return {"role": "system", "content": render_summary_block(checkpoint.summary, checkpoint.state)}
         return self.counter.count_built(f"block|{checkpoint.id}", build)
 
-    def _project(self, chat: ChatRequest, policy: Policy, found, *, state_only: bool = False, budget: int = 0,
-                 frontier: int | None = None) -> Projection:
+    def _project(self, chat: ChatRequest, policy: Policy, found, *, frontier: int, state_only: bool = False,
+                 budget: int = 0) -> Projection:
         checkpoint, pos = found if found else (None, -1)
         start = pos + 1
         tail, tail_ids = chat.history[start:], chat.ids[start:]
@@ -222,7 +222,6 @@ class ViewBuilder:
             if task is not None:
                 tail, tail_ids = [chat.history[task], *tail], [chat.ids[task], *tail_ids]
                 shift += 1
-        frontier_at = None if frontier is None else max(0, frontier + shift)
         names = recall_tool_names(chat.body.get("tools")) if policy.recall else None
         load_tool = names[1] if names else "session_load"
         summary = checkpoint.summary if checkpoint else None
@@ -233,18 +232,9 @@ class ViewBuilder:
             end = choose_boundary(tail, self.counter, policy.for_budget(budget), keys=tail_ids) or 0
             state = merge_state(state, extract_exact_values(tail[:end]))
         block = render_summary_block(summary, state) if (checkpoint or state_only) else None
-        # The frontier replays the history against the budget in uncalibrated tokens: calibration
-        # drifts with every response, and a drifting budget would move the frontier back and forth.
-        raw_budget = budget or None
-        fixed = 0
-        if raw_budget:
-            fixed = self.counter.count_messages(chat.instructions) + self.counter.count_tools(chat.body.get("tools"))
-            if block:
-                fixed += self.counter.count_message({"role": "system", "content": block})
-            if names:
-                fixed += self._recall_cost(names)
+        # The frontier comes from the view plan (``_plan``), in message indexes of the path.
         compacted, stats = compact_tool_results(tail, tail_ids, policy, self.counter, load_tool=load_tool,
-                                                budget=raw_budget, fixed_tokens=fixed, frontier_at=frontier_at)
+                                                frontier_at=max(0, frontier + shift))
         hidden = set(chat.ids[:start]) - set(tail_ids)
         hidden.update(i for i, old, new in zip(tail_ids, tail, compacted) if old is not new)
         tools = chat.body.get("tools")
