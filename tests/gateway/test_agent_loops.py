@@ -35,6 +35,17 @@ def assert_valid_and_fits(bodies: list[dict]) -> None:
         assert count_prompt(body) + (body.get("max_tokens") or 0) <= WINDOW
 
 
+async def run_loop(gw, upstream, session, name: str):
+    """Drive the loop through the gateway; every request answered, every upstream body valid and
+    fitting. Returns the client's history, its raw responses and the forwarded bodies."""
+    history, raw = await drive_loop(client(gw, name), session, model="fake-32k")
+    await settle(gw)
+    assert all(r.http_response.status_code == 200 for r in raw)
+    bodies = forwarded(upstream)
+    assert_valid_and_fits(bodies)
+    return history, raw, bodies
+
+
 def is_placeholder(message: dict) -> bool:
     return message["role"] == "tool" and str(message.get("content", "")).startswith("[Tool result compacted by the gateway]")
 
@@ -42,12 +53,8 @@ def is_placeholder(message: dict) -> bool:
 async def test_long_turn_is_compacted_in_place_and_settles_below_the_window(start_gateway, upstream):
     gw = await start_gateway()  # the default profile
     session = agent_loop_session(seed=3, turns=1, calls=64)
-    history, raw = await drive_loop(client(gw, "loop"), session, model="fake-32k")
-    await settle(gw)
-    assert len(raw) == 65 and all(r.http_response.status_code == 200 for r in raw)
-    bodies = forwarded(upstream)
-    assert len(bodies) == 65
-    assert_valid_and_fits(bodies)
+    history, raw, bodies = await run_loop(gw, upstream, session, "loop")
+    assert len(raw) == 65 and len(bodies) == 65
     task = history[1]
     for body in bodies:
         assert body["messages"][0] == history[0]  # the client's system prompt, byte-identical
@@ -69,11 +76,7 @@ async def test_summary_covers_part_of_the_current_turn_and_the_task_stays(start_
     # Economy with an early trigger, so summaries come while the turn is still running.
     gw = await start_gateway(policy={"profile": "economy", "summary_trigger_ratio": 0.3})
     session = agent_loop_session(seed=4, turns=2, calls=40)
-    history, raw = await drive_loop(client(gw, "loop-summary"), session, model="fake-32k")
-    await settle(gw)
-    assert all(r.http_response.status_code == 200 for r in raw)
-    bodies = forwarded(upstream)
-    assert_valid_and_fits(bodies)
+    history, _, bodies = await run_loop(gw, upstream, session, "loop-summary")
     key = gw.app[LEDGER].sessions()[0].key
     checkpoints = gw.app[CHECKPOINTS].list(key)
     assert checkpoints
@@ -100,11 +103,7 @@ async def test_a_new_summary_waits_for_the_next_compaction_event(start_gateway, 
     # anyway, so the prompt prefix changes once per event instead of once more per summary.
     gw = await start_gateway()  # the default profile
     session = agent_loop_session(seed=5, turns=1, calls=64)
-    _, raw = await drive_loop(client(gw, "loop-events"), session, model="fake-32k")
-    await settle(gw)
-    assert all(r.http_response.status_code == 200 for r in raw)
-    bodies = forwarded(upstream)
-    assert_valid_and_fits(bodies)
+    _, _, bodies = await run_loop(gw, upstream, session, "loop-events")
 
     def block(body):
         second = body["messages"][1]
