@@ -323,9 +323,9 @@ class MiniLMEmbedder:
     that model would return, without the HTTP hop."""
 
     def __init__(self) -> None:
-        from minilm import MiniLM
+        from minilm import MiniLM, default_cache_path
 
-        self._model = MiniLM()
+        self._model = MiniLM(cache_path=default_cache_path() or None)  # vectors shared by runs
         self.dim = self._model.dim
         self.name = "minilm/all-MiniLM-L6-v2"
 
