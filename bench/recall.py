@@ -361,6 +361,7 @@ async def planted(args, tool_times: dict) -> list[dict]:
                         "rejected": sum(c.status != 200 for c in calls),
                         "search_rank": rank,
                         "seed": seed, "fact": fact.answer, "phrasing": phrasing, "planted_in": where,
+                        "split": split_of(fact.statement),  # bench/ranking.py's split of the agent facts
                         "round": fact.round, "status": reply.status, "error": error,
                         "recalled": fact.answer in answer,
                         "loaded_fact_event": fact.answer in loaded_text,
@@ -404,6 +405,10 @@ def facts_summary(rows: list[dict]) -> dict:
         "latency_p50_s": percentile([r["elapsed_s"] for r in rows], 50),
         "misses": [f"{r['fact']}({r['phrasing']},{r['planted_in']},rank {r['search_rank']})"
                    for r in rows if not r["recalled"]],
+        # Per tune / held-out split (bench/ranking.py tunes on "tune"): recalled, question, paraphrase.
+        "by_split": {s: {k: rate(by(lambda r: r.get("split") == s and (p is None or r["phrasing"] == p)), "recalled")
+                         for k, p in (("recalled", None), ("question", "question"), ("paraphrase", "paraphrase"))}
+                     for s in ("tune", "held-out")},
         "hit1": sum(1 for r in rows if r["search_rank"] and r["search_rank"] <= 1) / n,
         "hit5": sum(1 for r in rows if r["search_rank"] and r["search_rank"] <= 5) / n,
     }
