@@ -48,22 +48,26 @@ class ToolRule(BaseModel):
 # Named bundles of the keys that trade fidelity for cost (docs/architecture.md, "Views").
 # A key set explicitly (in [policy] or an override) wins over its profile's value.
 PROFILES: dict[str, dict[str, Any]] = {
-    # Smallest views: a summary and a short raw tail once a session passes 30% of the budget;
-    # old tool results go too while the summary is being written.
+    # Smallest views: a short summary and the newest rounds raw once a session passes 30% of the
+    # budget; old tool results go too while the summary is being written. Old facts come back
+    # through recall (the proactive block and the tools), not through a long raw tail.
     "economy": {
         "summary_trigger_ratio": 0.3, "sync_compaction_ratio": 0.7, "keep_recent_tokens": 8000,
-        "keep_recent_share": 0.15, "compact_trigger_ratio": 0.35, "view_target_ratio": 0.05,
+        "keep_recent_share": 0.05, "compact_trigger_ratio": 0.35, "view_target_ratio": 0.05,
+        "summary_max_words": 400, "exact_values_limit": 15,
     },
     # Fit first: old tool payloads go early (they are recoverable), conversation is summarised
     # only down to a large raw tail, and a request that fits is not made to wait for a summary.
     "balanced": {
         "summary_trigger_ratio": 0.75, "sync_compaction_ratio": 0.85, "keep_recent_tokens": 96_000,
         "keep_recent_share": 0.65, "compact_trigger_ratio": 0.65, "view_target_ratio": 0.1,
+        "summary_max_words": 700, "exact_values_limit": 40,
     },
     # Nearly untouched until the window is nearly full; for models that must see everything.
     "fidelity": {
         "summary_trigger_ratio": 0.85, "sync_compaction_ratio": 0.92, "keep_recent_tokens": 1_000_000,
         "keep_recent_share": 0.75, "compact_trigger_ratio": 0.75, "view_target_ratio": 0.5,
+        "summary_max_words": 700, "exact_values_limit": 40,
     },
 }
 PROFILE_KEYS = frozenset(k for bundle in PROFILES.values() for k in bundle)
@@ -139,7 +143,14 @@ class Policy(BaseModel):
     summary_api_key: str | None = Field(
         None, repr=False, description="Key for summary_base_url; None uses the upstream credential (kept out of repr and logs)."
     )
-    summary_max_words: int = Field(700, ge=1, description="Word limit asked of the summary: it is re-sent on every request.")
+    summary_max_words: int = Field(
+        700, ge=1, description="Word limit asked of the summary: it is re-sent on every request (the profile sets it)."
+    )
+    exact_values_limit: int = Field(
+        40, ge=0,
+        description="Paths, dates, numbers and names listed per kind in the summary block, earliest and newest (the "
+        "profile sets it); ids, urls, versions and e-mails are always listed whole, and every value stays recallable.",
+    )
     summary_prompt: str | None = Field(None, description="Summary instruction with a {max_words} placeholder; None = built-in prompt.")
     summary_chunk_tokens: int = Field(
         16000, ge=256, description="Largest transcript delta per summary call; bigger deltas are folded in chunks."

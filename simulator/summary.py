@@ -7,7 +7,8 @@ from typing import Any
 
 from simulator.counting import content_text
 
-SUMMARY_WORD_LIMIT = 700
+SUMMARY_WORD_LIMIT = 700  # when the request names no limit
+_WORD_LIMIT = re.compile(r"\b(?:under|at most|max(?:imum)?|within|no more than)\s+(\d{2,5})\s+words\b", re.I)
 
 _HEADING = re.compile(r"^\s*##\s+(.+?)\s*$", re.M)
 # Transcript lines rendered into one prompt: "[user] ...", "[tool x result | event e] ...",
@@ -50,9 +51,15 @@ def render_summary(messages: list[dict[str, Any]]) -> str:
 
     Bullets come from the transcript the request carries, merged with the previous summary's
     (when the request includes one); the exact-values section lists the values the request asks
-    to keep, then identifier-like tokens found anywhere in it, within the word limit.
+    to keep, then identifier-like tokens found anywhere in it, within the word limit the
+    instruction names ("Stay under 400 words"), as a model following it would.
     """
     all_text = "\n".join(content_text(m.get("content")) for m in messages)
+    # The instruction is the system prompt, or the last message when it is appended to a
+    # conversation (summary_cache_fork).
+    instruction = "\n".join(content_text(m.get("content")) for m in messages if m.get("role") in ("system", "developer"))
+    instruction = instruction if _WORD_LIMIT.search(instruction) else content_text((messages or [{}])[-1].get("content"))
+    limit = int(named.group(1)) if (named := _WORD_LIMIT.search(instruction)) else SUMMARY_WORD_LIMIT
     for m in messages:
         for call in m.get("tool_calls") or ():
             all_text += "\n" + call["function"]["name"] + " " + call["function"]["arguments"]
@@ -77,7 +84,7 @@ def render_summary(messages: list[dict[str, Any]]) -> str:
         out.extend(f"- {_clip(text)}" for text in picked or ["(none recorded)"])
         out.append("")
     used = sum(len(line.split()) for line in out)
-    budget = max(40, SUMMARY_WORD_LIMIT - used)
+    budget = max(40, limit - used)
     for offset, at in enumerate(value_headings):
         chosen, words = [], 0
         for value in values:

@@ -198,17 +198,18 @@ class ViewBuilder:
         fixed = self.counter.count_messages(chat.instructions) + self.counter.count_tools(chat.body.get("tools"))
         if names:
             fixed += self._recall_cost(names)
-        marks = [CheckpointMark(pos, max(pos, positions.get((cp.meta or {}).get("after"), pos)), self._block_tokens(cp),
-                                forced=cp.mode == "sync") for cp, pos in on_path]
+        marks = [CheckpointMark(pos, max(pos, positions.get((cp.meta or {}).get("after"), pos)),
+                                self._block_tokens(cp, policy.exact_values_limit), forced=cp.mode == "sync")
+                 for cp, pos in on_path]
         index, frontier = plan_view(rounds, raw, compacted, fixed, marks, policy, budget)
         found = on_path[index] if index is not None else None
         return found, rounds[frontier][0] if frontier < len(rounds) else len(chat.history)
 
-    def _block_tokens(self, checkpoint: Checkpoint) -> int:
+    def _block_tokens(self, checkpoint: Checkpoint, limit: int) -> int:
         """What a checkpoint's summary block costs in the view (cached by checkpoint id)."""
         def build() -> dict:
-            return {"role": "system", "content": render_summary_block(checkpoint.summary, checkpoint.state)}
-        return self.counter.count_built(f"block|{checkpoint.id}", build)
+            return {"role": "system", "content": render_summary_block(checkpoint.summary, checkpoint.state, limit)}
+        return self.counter.count_built(f"block|{checkpoint.id}|{limit}", build)
 
     def _project(self, chat: ChatRequest, policy: Policy, found, *, frontier: int, state_only: bool = False,
                  budget: int = 0) -> Projection:
@@ -231,7 +232,7 @@ class ViewBuilder:
             # survive the tailoring that follows.
             end = choose_boundary(tail, self.counter, policy.for_budget(budget), keys=tail_ids) or 0
             state = merge_state(state, extract_exact_values(tail[:end]))
-        block = render_summary_block(summary, state) if (checkpoint or state_only) else None
+        block = render_summary_block(summary, state, policy.exact_values_limit) if (checkpoint or state_only) else None
         # The frontier comes from the view plan (``_plan``), in message indexes of the path.
         compacted, stats = compact_tool_results(tail, tail_ids, policy, self.counter, load_tool=load_tool,
                                                 frontier_at=max(0, frontier + shift))

@@ -62,6 +62,11 @@ async def test_long_session_fits_window_and_saves_tokens(start_gateway, upstream
     assert last["messages"][-1] == history[-2] or last["messages"][-1]["content"] == history[-2]["content"]
     # Hidden history means the recall tools are offered.
     assert {"session_search", "session_load"} <= {t["function"]["name"] for t in last["tools"]}
+    # The economy profile asks for short summaries and lists at most 15 common values per kind.
+    assert all("400 words" in r["json"]["messages"][0]["content"] for r in summary_calls)
+    block = last["messages"][1]["content"]
+    common = [line for line in block.splitlines() if line.startswith(("- paths:", "- dates:", "- numbers:", "- names:"))]
+    assert common and max(len(line.split(" | ")) for line in common) == 15
 
 
 async def test_placeholders_are_stable_across_turns(start_gateway, upstream):

@@ -598,3 +598,14 @@ def test_simulate_is_in_the_cli_help():
 
     out = subprocess.run([sys.executable, "-m", "gateway", "--help"], capture_output=True, text=True, check=True)
     assert "simulate" in out.stdout
+
+
+@pytest.mark.parametrize("limit", [150, 400])
+async def test_summary_follows_the_word_limit_the_instruction_names(client, limit):
+    lines = [f"user: step {i}: deploy build-{i:04d} to host-{i}.example.com at {i}ms" for i in range(400)]
+    prompt = SUMMARY_PROMPT + f"\nStay under {limit} words. Output only the summary."
+    response = await client.chat.completions.create(
+        model="fake-32k", messages=[{"role": "system", "content": prompt}, user("\n".join(lines))],
+        extra_headers={"x-palimpsest-purpose": "summary"})
+    words = len(response.choices[0].message.content.split())
+    assert limit * 0.7 <= words <= limit  # fills the limit it was given, not a fixed 700

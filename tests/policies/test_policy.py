@@ -109,7 +109,7 @@ def test_profiles_are_bundles_of_keys_and_explicit_keys_win():
     economy, balanced, fidelity = (Policy(profile=p) for p in ("economy", "balanced", "fidelity"))
     for key in ("summary_trigger_ratio", "sync_compaction_ratio", "keep_recent_share", "view_target_ratio"):
         assert getattr(economy, key) < getattr(balanced, key) < getattr(fidelity, key), key
-    assert economy.keep_recent_tokens == 8000 and economy.keep_recent_share == 0.15
+    assert economy.keep_recent_tokens == 8000 and economy.keep_recent_share == 0.05
     mixed = Policy(profile="economy", view_target_ratio=0.3)
     assert mixed.view_target_ratio == 0.3 and mixed.summary_trigger_ratio == 0.3
     with pytest.raises(ValidationError, match="profile"):
