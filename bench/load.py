@@ -139,6 +139,17 @@ def parse_metrics(text: str) -> dict[str, float]:
     return dict(out)
 
 
+def overrides(pairs: list[str]) -> dict:
+    """``section.key=value`` pairs (``--set``, repeatable) as config sections; value parsed as TOML."""
+    import tomllib
+    out: dict[str, dict] = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        section, _, name = key.strip().partition(".")
+        out.setdefault(section, {})[name] = tomllib.loads(f"v = {value}")["v"]
+    return out
+
+
 async def run(args) -> dict:
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="palimpsest-load-"))
@@ -146,14 +157,17 @@ async def run(args) -> dict:
     puppet = subprocess.Popen([sys.executable, "-m", "simulator.puppet", "--port", str(puppet_port), "--latency", str(args.latency),
                                "--window", f"{MODEL}={WINDOW}", "--keep-received", "50"], cwd=str(REPO),
                               stdout=subprocess.DEVNULL, stderr=open(work / "puppet.log", "wb"))
-    config = write_config(work / "gateway.toml", {
+    sections = {
         "server": {"host": "127.0.0.1", "port": port, "shutdown_timeout_s": 10.0},
         "upstream": {"base_url": f"http://127.0.0.1:{puppet_port}/v1"},
         "store": {"path": str(work / "store")},
         "log": {"level": "WARNING"},
         "summary": {"queue_size": args.queue_size, "workers": 2},
         "models": {MODEL: {"context_window": WINDOW}},
-    })
+    }
+    for section, values in overrides(args.set).items():
+        sections[section] = {**sections.get(section, {}), **values}
+    config = write_config(work / "gateway.toml", sections)
     gateway = GatewayProcess(config, port, work / "gateway.log")
     stats = Stats()
     try:
@@ -216,6 +230,9 @@ async def run(args) -> dict:
         "warmup_s": warm,
         "rss_parts_mb": [(round(t), {k: round(v / 2**20) for k, v in p.items()}) for t, p in stats.rss_parts[:: max(1, len(stats.rss_parts) // 6)]],
         "summary_metrics": {k: v for k, v in m.items() if "summary" in k and k.endswith(":sum")},
+        # Proactive recall per outcome: busy = skipped while a late search of the session still ran.
+        "recall_auto": {k.split('outcome="', 1)[1].split('"', 1)[0]: v for k, v in m.items()
+                        if k.startswith("palimpsest_recall_calls_total{") and 'tool="auto"' in k},
     }
 
 
@@ -254,6 +271,9 @@ def render(r: dict) -> str:
                    "history sizes (and the gateway's working set) keep growing until then")
     else:
         out.append("no agent finished its first conversation: history sizes (and the working set) grew all run")
+    if r.get("recall_auto"):
+        out.append("proactive recall searches by outcome: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(r["recall_auto"].items()))
+                   + " (busy: skipped while a search of the session that outlived its request still ran)")
     out.append("RSS by kind (s: anon/file MB) " + ", ".join(f"{t}: {p.get('RssAnon', 0)}/{p.get('RssFile', 0)}" for t, p in r["rss_parts_mb"]))
     for example in r["error_examples"]:
         out.append(f"  ! {example}")
@@ -272,6 +292,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=120.0, help="client timeout per request")
     parser.add_argument("--abort-share", type=float, default=0.05, help="share of streams the client abandons after one chunk")
     parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="a gateway setting for this run (repeatable; the value is TOML: 16, \"x\", false)")
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
