@@ -102,6 +102,37 @@ VARIANTS: dict[str, tuple[int, int, Ranking]] = {
 }
 
 
+def variant_of(name: str) -> tuple[int, int, Ranking]:
+    """A named variant, or one derived from it: `base@vector_weight=3@text_scale=20` (any
+    Ranking field; `real` is the ranking a configured /v1/embeddings model gets)."""
+    base, *changes = name.split("@")
+    if base == "real":
+        from gateway.recall.embeddings import REAL_MODEL_RANKING
+
+        chunk, overlap, ranking = 1200, 200, REAL_MODEL_RANKING
+    elif base in VARIANTS:
+        chunk, overlap, ranking = VARIANTS[base]
+    else:
+        raise SystemExit(f"unknown variant {base!r}; known: real, {', '.join(VARIANTS)}")
+    fields = {f.name: f.type for f in dataclasses.fields(Ranking)}
+    for change in changes:
+        key, _, value = change.partition("=")
+        if key not in fields:
+            raise SystemExit(f"unknown Ranking field {key!r} in {name!r}")
+        current = getattr(ranking, key)
+        ranking = dataclasses.replace(ranking, **{key: type(current)(value == "True" if isinstance(current, bool) else value)})
+    return chunk, overlap, ranking
+
+
+def grid(base: str, spec: str) -> list[str]:
+    """`vector_weight=2/3 text_scale=0/20` -> every combination as `base@...` variant names."""
+    names = [base]
+    for part in spec.split():
+        key, _, values = part.partition("=")
+        names = [f"{n}@{key}={v}" for n in names for v in values.split("/")]
+    return names
+
+
 @dataclass
 class Query:
     workload: str
@@ -262,8 +293,9 @@ async def evaluate(sessions: list[Session], variants: list[str], embedder) -> di
     times: dict[str, list[float]] = {"build_s": [], "search_ms": []}
     misses: dict[str, list[str]] = {}
     by_chunking: dict[tuple[int, int], list[str]] = {}
+    rankings = {name: variant_of(name)[2] for name in variants}
     for name in variants:
-        chunk, overlap, _ = VARIANTS[name]
+        chunk, overlap, _ = variant_of(name)
         by_chunking.setdefault((chunk, overlap), []).append(name)
     for (chunk, overlap), names in by_chunking.items():
         with tempfile.TemporaryDirectory() as tmp:
@@ -277,7 +309,7 @@ async def evaluate(sessions: list[Session], variants: list[str], embedder) -> di
                         for name in names:
                             started = time.perf_counter()
                             hits = await index.search(session.key, query.text, limit=5,
-                                                      ranking=VARIANTS[name][2])
+                                                      ranking=rankings[name])
                             times["search_ms"].append((time.perf_counter() - started) * 1e3)
                             rank = next((i + 1 for i, h in enumerate(hits)
                                          if h.event_id in query.evidence), None)
@@ -302,16 +334,23 @@ def summarise(ranks: dict[tuple[str, str], list[int | None]]) -> dict[str, dict]
     return out
 
 
+def tune_score(summary: dict) -> tuple[float, float]:
+    """Mean hit@1 and hit@5 over the workloads' tune splits: what variants are chosen by."""
+    tune = [s for c, s in summary.items() if c.endswith("/tune")]
+    return (sum(s["hit1"] for s in tune) / len(tune), sum(s["hit5"] for s in tune) / len(tune)) if tune else (0, 0)
+
+
 def render(result: dict) -> str:
     columns = sorted({c for s in result["summary"].values() for c in s})
-    head = f"{'variant':<14}" + "".join(f"{c:>22}" for c in columns)
+    width = max(14, *(len(v) + 1 for v in result["summary"]))
+    head = f"{'variant':<{width}}" + "".join(f"{c:>22}" for c in columns)
     lines = ["hit@1 / hit@5 (n) of the search index, whole session in scope", head, "-" * len(head)]
     for variant, summary in result["summary"].items():
         cells = []
         for c in columns:
             s = summary.get(c)
             cells.append(f"{s['hit1']:.3f} / {s['hit5']:.3f} ({s['n']:>3})" if s else "-")
-        lines.append(f"{variant:<14}" + "".join(f"{cell:>22}" for cell in cells))
+        lines.append(f"{variant:<{width}}" + "".join(f"{cell:>22}" for cell in cells))
     t = result["times"]
     lines.append(f"index build per session p50 {t['build_s_p50']:.2f} s; search p50 "
                  f"{t['search_ms_p50']:.1f} ms (queries x variants, cold tables included)")
@@ -345,9 +384,10 @@ async def run(args) -> dict:
     if "planted" in args.workloads:
         sessions += planted_sessions(args.planted_cases, args.planted_turns)
     variants = list(VARIANTS) if args.variants == "all" else args.variants.split(",")
-    unknown = [v for v in variants if v not in VARIANTS]
-    if unknown:
-        raise SystemExit(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+    if args.grid:
+        variants += [v for v in grid(args.grid_base, args.grid) if v not in variants]
+    for name in variants:
+        variant_of(name)  # unknown names fail before any indexing
     evaluated = await evaluate(sessions, variants, embedder)
     times = evaluated["times"]
 
@@ -375,12 +415,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--misses", action="store_true", help="list every query not ranked first (stderr)")
     parser.add_argument("--planted-turns", type=int, default=None,
                         help="cut each planted haystack to its first N turns (a smaller session, for slow embedders)")
+    parser.add_argument("--grid", default="", help="also every combination, e.g. 'vector_weight=2/3 "
+                        "text_scale=0/20' (Ranking fields), derived from --grid-base")
+    parser.add_argument("--grid-base", default="base", help="variant the --grid changes (base, real, ...)")
+    parser.add_argument("--top", type=int, default=0, help="print only the N variants best on the tune "
+                        "split (mean hit@1 over workloads, then hit@5), plus the first --variants")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args(argv)
     args.cases = args.cases or (20 if args.quick else None)
     args.seed_list = [int(s) for s in (args.seeds or ("1" if args.quick else "1,2,3,4")).split(",")]
     args.planted_cases = args.planted_cases or (1 if args.quick else 4)
     result = asyncio.run(run(args))
+    if args.top:
+        keep = args.variants.split(",") if args.variants != "all" else []
+        best = sorted(result["summary"], key=lambda v: tune_score(result["summary"][v]), reverse=True)
+        shown = keep + [v for v in best if v not in keep][:args.top]
+        result = {**result, "summary": {v: result["summary"][v] for v in shown}}
     print(render(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
