@@ -17,6 +17,19 @@ import diskcache
 from store.holders import holder_is_gone
 
 MEMO_SESSIONS = 256  # sessions whose checkpoints stay decoded in memory (LRU); the rest are read back
+# SQLite under diskcache: one connection per thread that touches the store (the event loop and
+# the default executor's workers), each with its own page cache. diskcache's defaults (8,192
+# pages = 32 MB of cache and a 64 MB mmap per connection) would multiply with the threads.
+SQLITE_CACHE_PAGES = 1024  # 4 MB of page cache per connection
+SQLITE_MMAP_BYTES = 16 * 2**20
+
+
+def _row(session_key: str, version: int) -> tuple:
+    return ("cp", session_key, version)  # one checkpoint (its dict)
+
+
+def _count(session_key: str) -> tuple:
+    return ("cps", session_key)  # how many checkpoints the session has, versions 1..n
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +63,12 @@ def newest_on_path(checkpoints: list[Checkpoint], positions: dict[str, int]) -> 
 class DiskCheckpoints:
     """diskcache-backed checkpoints with an in-memory copy per session (read on every request).
 
+    Layout: one row per checkpoint, keyed ``("cp", session, version)``, and the session's count
+    under ``("cps", session)``, so an add writes one checkpoint whatever the session's history
+    (the previous layout rewrote the session's whole tuple on every add: bytes written grew
+    with each checkpoint). A store of the previous layout (``session -> tuple of dicts``) still
+    reads; a session's first add moves its tuple to rows.
+
     The memo is only valid while this process is the store's one writer: that is the embedded
     deployment. Replicas share checkpoints through `store.postgres_checkpoints.PostgresCheckpoints`,
     which reads the table on every call instead."""
@@ -62,6 +81,7 @@ class DiskCheckpoints:
         self._cache = diskcache.Cache(
             str(root / "checkpoints"), sqlite_synchronous=2 if synchronous == "full" else 1,
             size_limit=2**62, eviction_policy="none",
+            sqlite_cache_size=SQLITE_CACHE_PAGES, sqlite_mmap_size=SQLITE_MMAP_BYTES,
         )
         self._memo: OrderedDict[str, tuple[Checkpoint, ...]] = OrderedDict()
 
@@ -69,15 +89,30 @@ class DiskCheckpoints:
             covered_events: int, model: str, mode: str, previous: str | None, summary_tokens: int,
             meta: dict | None = None) -> Checkpoint:
         with self._cache.transact():
-            existing = self._load(session_key)
-            version = len(existing) + 1
+            count = self._migrated_count(session_key)
+            version = count + 1
             cid = "cp_" + hashlib.blake2b(f"{session_key}|{boundary}|{version}".encode(), digest_size=8).hexdigest()
             cp = Checkpoint(cid, session_key, boundary, summary, state, covered_tokens, covered_events,
                             time.time(), model, version, mode, previous, summary_tokens, meta or {})
-            stored = existing + (cp,)
-            self._cache[session_key] = tuple(asdict(c) for c in stored)
-        self._remember(session_key, stored)
+            self._cache.set(_row(session_key, version), asdict(cp))
+            self._cache.set(_count(session_key), version)
+            memo = self._memo.get(session_key)
+            stored = memo + (cp,) if memo is not None and len(memo) == count else None
+        self._remember(session_key, stored if stored is not None else self._load(session_key))
         return cp
+
+    def _migrated_count(self, session_key: str) -> int:
+        """The session's checkpoint count, its previous-layout tuple moved to rows first (in a transaction)."""
+        count = self._cache.get(_count(session_key))
+        if count is not None:
+            return count
+        legacy = self._cache.get(session_key, ())
+        for version, raw in enumerate(legacy, 1):
+            self._cache.set(_row(session_key, version), raw)
+        if legacy:
+            self._cache.set(_count(session_key), len(legacy))
+            self._cache.delete(session_key)
+        return len(legacy)
 
     def _remember(self, session_key: str, found: tuple[Checkpoint, ...]) -> tuple[Checkpoint, ...]:
         # Bounded: every checkpoint of every session ever seen stayed in memory (issue 9, load).
@@ -88,8 +123,13 @@ class DiskCheckpoints:
         return found
 
     def _load(self, session_key: str) -> tuple[Checkpoint, ...]:
-        raw = self._cache.get(session_key, ())
-        return tuple(Checkpoint(**c) for c in raw)
+        with self._cache.transact():
+            count = self._cache.get(_count(session_key))
+            if count is None:  # nothing added since the previous layout: its tuple, if any
+                raw = self._cache.get(session_key, ())
+            else:
+                raw = [self._cache.get(_row(session_key, version)) for version in range(1, count + 1)]
+        return tuple(Checkpoint(**c) for c in raw if c is not None)
 
     def list(self, session_key: str) -> list[Checkpoint]:
         found = self._memo.get(session_key)
@@ -102,7 +142,13 @@ class DiskCheckpoints:
     def delete_session(self, session_key: str) -> int:
         """Delete every checkpoint of the session; returns how many there were."""
         with self._cache.transact():
-            count = len(self._load(session_key))
+            count = self._cache.get(_count(session_key))
+            if count is None:
+                count = len(self._cache.get(session_key, ()))
+            else:
+                for version in range(1, count + 1):
+                    self._cache.delete(_row(session_key, version))
+                self._cache.delete(_count(session_key))
             self._cache.delete(session_key)
         self._memo.pop(session_key, None)
         return count
