@@ -24,6 +24,16 @@ Workloads (each query belongs to one split, fixed by a hash, so tuning never see
 
 Variants (`--variants`, comma-separated or `all`): named bundles of the candidates of issue 10
 (chunk size and overlap, fusion weights, vector floor, neighbour borrowing, query cleaning).
+A name may derive from another with Ranking fields (`base@text_scale=30`; `real` is the ranking a
+configured /v1/embeddings model gets), and `--grid` adds every combination of some fields; with
+`--top N` only the N best on the tune split are printed (mean hit@1 over workloads, then hit@5):
+
+    .venv/bin/python bench/ranking.py --embedder minilm --cases 24 --variants real --grid-base real \
+        --grid "vector_floor=0.2/0.3 vector_weight=1.5/2.0 text_scale=40.0/60.0" --top 5
+
+`--embedder minilm` runs all-MiniLM-L6-v2 in process (bench/minilm.py); its vectors are cached by
+text in ~/.cache/palimpsest (PALIMPSEST_MINILM_CACHE), so only the first run pays (~1 minute
+per LongMemEval session on 2 shared CPUs).
 """
 
 from __future__ import annotations
@@ -419,7 +429,7 @@ def main(argv: list[str] | None = None) -> None:
                         "text_scale=0/20' (Ranking fields), derived from --grid-base")
     parser.add_argument("--grid-base", default="base", help="variant the --grid changes (base, real, ...)")
     parser.add_argument("--top", type=int, default=0, help="print only the N variants best on the tune "
-                        "split (mean hit@1 over workloads, then hit@5), plus the first --variants")
+                        "split (mean hit@1 over workloads, then hit@5), after the --variants themselves")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args(argv)
     args.cases = args.cases or (20 if args.quick else None)
