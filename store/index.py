@@ -14,7 +14,6 @@ sessions) because:
   text neither skews ranking nor leaks through scores;
 - latency and maintenance cost depend on the session's size, not on the whole gateway's;
 - `drop_session` is a directory delete, not a tombstoned delete awaiting compaction.
-
 The cost is a directory per session and a bounded cache of open table handles.
 
 Full-text search and freshness
@@ -26,9 +25,8 @@ unindexed fragments, so a search sees every added row immediately (see
 `test_search_immediately_after_add_finds_unindexed_rows`). Every append is also a new fragment,
 and fragments and the flat tail cost latency (100 one-row appends took each leg from ~3 to
 ~22 ms), so after `MAINTAIN_AFTER_ADDS` appends or `MAINTAIN_AFTER_ROWS` rows a background task
-runs `optimize()`: compaction plus an incremental FTS index update. It runs outside the session
-lock, so adds never queue behind it. No vector index is built:
-a flat scan of a few thousand 256-d rows takes a few milliseconds, and is exact.
+runs `optimize()` (compaction, incremental FTS update) outside the session lock, so adds never
+queue behind it. No vector index: a flat scan of a few thousand rows is exact and takes a few ms.
 
 Ranking and scope
 -----------------
@@ -37,10 +35,8 @@ may be limited to some events (`within`: the request's own path, so another conv
 shares the session never shows up, not even through a neighbour's score) and may skip some
 (`exclude`: what the model already sees). Both are applied after retrieval, re-querying deeper
 when they ate into the top: a `NOT IN (...)` prefilter measured 8 ms for 200 ids and 46 ms for
-2,000 on the vector leg.
-
-`indexed_seq` is a synchronous call on the request path; the first call per session per
-process reads the table once (a few ms, blocking), later calls are a dict lookup.
+2,000 on the vector leg. `indexed_seq` is synchronous, on the request path: the first call per
+session per process reads the table once (a few ms, blocking), later calls are a dict lookup.
 """
 
 from __future__ import annotations
