@@ -297,7 +297,7 @@ def planted_sessions(cases: int, turns_limit: int | None = None) -> list[Session
     return out
 
 
-async def evaluate(sessions: list[Session], variants: list[str], embedder) -> dict:
+async def evaluate(sessions: list[Session], variants: list[str], embedder, by_phrasing: bool = False) -> dict:
     """{variant: {(workload, split): [rank or None, ...]}} plus build and search times."""
     ranks: dict[str, dict[tuple[str, str], list[int | None]]] = {v: {} for v in variants}
     times: dict[str, list[float]] = {"build_s": [], "search_ms": []}
@@ -324,6 +324,11 @@ async def evaluate(sessions: list[Session], variants: list[str], embedder) -> di
                             rank = next((i + 1 for i, h in enumerate(hits)
                                          if h.event_id in query.evidence), None)
                             ranks[name].setdefault((query.workload, query.split), []).append(rank)
+                            if by_phrasing:  # question / keyword / paraphrase: the label's suffix
+                                phrasing = {"q": "question", "k": "keyword", "p": "paraphrase"}[query.label[-1]]
+                                workload = f"{query.workload}:{phrasing}" if query.workload != "lme" else "lme"
+                                if workload != "lme":
+                                    ranks[name].setdefault((workload, query.split), []).append(rank)
                             if rank != 1:
                                 misses.setdefault(name, []).append(
                                     f"{query.workload}/{query.split} {query.label} rank={rank}: {query.text[:70]}")
@@ -398,7 +403,7 @@ async def run(args) -> dict:
         variants += [v for v in grid(args.grid_base, args.grid) if v not in variants]
     for name in variants:
         variant_of(name)  # unknown names fail before any indexing
-    evaluated = await evaluate(sessions, variants, embedder)
+    evaluated = await evaluate(sessions, variants, embedder, args.by_phrasing)
     times = evaluated["times"]
 
     def p50(values):
@@ -430,6 +435,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--grid-base", default="base", help="variant the --grid changes (base, real, ...)")
     parser.add_argument("--top", type=int, default=0, help="print only the N variants best on the tune "
                         "split (mean hit@1 over workloads, then hit@5), after the --variants themselves")
+    parser.add_argument("--by-phrasing", action="store_true",
+                        help="also columns per phrasing (question or keyword / paraphrase) of each fact workload")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args(argv)
     args.cases = args.cases or (20 if args.quick else None)
