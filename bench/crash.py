@@ -44,10 +44,12 @@ from pathlib import Path
 
 import orjson
 
-from bench.common import run_and_report
-from bench.faultkit import REPO, Client, GatewayProcess, free_port, start_puppet, table, write_config
-from simulator.workloads import TOOL_SPECS, synthetic_session
-from store.canonical import canonical_message, is_instruction, path_ids
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python bench/crash.py` from anywhere
+
+from bench.common import run_and_report  # noqa: E402
+from bench.faultkit import REPO, Client, GatewayProcess, free_port, start_puppet, table, write_config  # noqa: E402
+from simulator.workloads import TOOL_SPECS, synthetic_session  # noqa: E402
+from store.canonical import canonical_message, is_instruction, path_ids  # noqa: E402
 
 MODEL = "fake-8k"
 WINDOW = 8_000
