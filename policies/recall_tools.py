@@ -50,8 +50,9 @@ def recall_tools(search_name: str, load_name: str) -> list[dict]:
         "function": {
             "name": search_name,
             "description": (
-                "Search earlier parts of this conversation that were summarised or compacted. "
-                f"Returns matching events with event_id and a snippet; read one with {load_name}."
+                "Search this conversation, including the earlier parts that were summarised or compacted. "
+                "Returns matching events with event_id and a snippet or passage; in_view marks an event "
+                f"still shown to you above. Read one in full with {load_name}."
             ),
             "parameters": {
                 "type": "object",
@@ -66,8 +67,8 @@ def recall_tools(search_name: str, load_name: str) -> list[dict]:
                     "scope": {
                         "type": "string",
                         "enum": ["hidden", "session"],
-                        "default": "hidden",
-                        "description": "'hidden': only what is no longer shown to you; 'session': the whole session.",
+                        "default": "session",
+                        "description": "'session': the whole conversation; 'hidden': only what is no longer shown to you.",
                     },
                 },
                 "required": ["query"],

@@ -28,7 +28,7 @@ from gateway.http.errors import GatewayError, UpstreamIncomplete, UpstreamUnreac
 from gateway.http.sse import SSEDecoder, StreamAssembler, encode_event, end_with_error
 from gateway.http.upstream import Upstream, response_headers
 from gateway.recall.auto import add_recalled_history
-from policies import is_recall_call
+from policies import is_recall_call, last_user_index
 from policies.messages import call_name
 
 RECALL_CHOICE_KEYS = ("tool_choice", "parallel_tool_calls")
@@ -114,12 +114,13 @@ class RecallLoop:
 
     async def _execute(self, turn: Turn, assistant: dict, recall_calls: list[dict]) -> list[dict]:
         names = turn.view.recall_names
+        asking = last_user_index(turn.chat.history)
         results = []
         for call in recall_calls:
             kind = "search" if call_name(call) == names[0] else "load"
             content = await self.tools.run(
                 call, kind=kind, session_key=turn.ref.key, path_ids=turn.chat.ids, hidden=turn.view.hidden,
-                matches=turn.recall_matches,
+                matches=turn.recall_matches, asking=turn.chat.ids[asking] if asking is not None else None,
             )
             results.append({"role": "tool", "tool_call_id": call.get("id"), "content": content})
         turn.recall_calls += len(recall_calls)

@@ -5,8 +5,12 @@ context, not instructions; recall errors are results too, never HTTP errors.
 
 Scope: the request's own path. A session can hold several conversations (branches after an
 edit, or two people whose first message was the same under the fingerprint fallback); search
-only ever ranks events on the caller's path (the hidden ones by default, the whole path with
-scope "session"), and load refuses any event off it. So one conversation never reads another's.
+only ever ranks events on the caller's path (the whole path by default, only its hidden part
+with scope "hidden"), and load refuses any event off it. So one conversation never reads another's.
+A hit the view still shows is marked `in_view`: a model that searches for what it has in front
+of it (a fact lost in the middle of a long prompt) is pointed at it, instead of being handed the
+best of what is hidden, which then reads as the answer. The user message being answered is
+never a hit of its own search.
 
 The best hits carry a `passage`: the part of the event around the match, long enough to answer
 from, within `passage_tokens` for the whole result, so most facts need no load round trip.
@@ -72,9 +76,10 @@ class RecallTools:
         self.auto_timeout_s = auto_timeout_s  # proactive recall goes without its block past this
 
     async def run(self, call: dict, *, kind: str, session_key: str, path_ids: list[str], hidden: frozenset[str],
-                  matches: dict[str, str] | None = None) -> str:
+                  matches: dict[str, str] | None = None, asking: str | None = None) -> str:
         """Run one recall call. `matches` (event id -> matching snippet) carries the turn's
-        search hits to its loads, so loading a long hit opens at the part that matched."""
+        search hits to its loads, so loading a long hit opens at the part that matched;
+        `asking` is the user message the model is answering, never a search hit of its own."""
         started = time.perf_counter()
         try:
             args = orjson.loads(call_arguments(call) or "{}")
@@ -83,7 +88,7 @@ class RecallTools:
             if matches is None:
                 matches = {}
             if kind == "search":
-                result = await self._search(args, session_key, path_ids, hidden)
+                result = await self._search(args, session_key, path_ids, hidden, asking)
                 for hit in result.get("results", ()):
                     matches.setdefault(hit["event_id"], hit.get("snippet") or hit.get("passage", ""))
             else:
@@ -96,15 +101,19 @@ class RecallTools:
         self.metrics.recall_seconds.labels(kind).observe(time.perf_counter() - started)
         return orjson.dumps(result).decode()
 
-    async def _search(self, args: dict, session_key: str, path_ids: list[str], hidden: frozenset[str]) -> dict:
+    async def _search(self, args: dict, session_key: str, path_ids: list[str], hidden: frozenset[str],
+                      asking: str | None = None) -> dict:
         query = args.get("query")
         if not isinstance(query, str) or not query.strip():
             return {"error": "'query' must be a non-empty string", "note": HISTORICAL_NOTE}
         limit = args.get("limit", self.default_limit)
         limit = max(1, min(20, limit if isinstance(limit, int) else self.default_limit))
-        scope = args.get("scope", "hidden")
-        results = await self.find(session_key, query, self.path_scope(path_ids, hidden, scope), limit,
-                                  self.passage_tokens)
+        scope = args.get("scope", "session")
+        within = self.path_scope(path_ids, hidden, scope) - {asking}
+        results = await self.find(session_key, query, within, limit, self.passage_tokens)
+        for result in results:
+            if result["event_id"] not in hidden:
+                result["in_view"] = True
         self.metrics.recall_hits.observe(len(results))
         return {
             "results": results,

@@ -251,3 +251,21 @@ async def test_recall_rounds_never_push_a_request_over_the_window(start_gateway,
     assert len(turn) == 2  # search, then the answer from the top hit's passage
     for body in turn:
         assert count_prompt(body) + 200 <= 8_000
+
+
+async def test_search_points_at_a_fact_still_in_view_and_never_at_the_question(gateway, upstream):
+    # A model may search for what its long prompt still shows (lost in the middle): the hit is
+    # that event, marked in_view, not the best of the hidden history, and not the question itself.
+    s, history = await long_history(gateway, session="inview", seed=12)
+    fact = {"role": "user", "content": "For the record: the vault combination is 31-07-44, keep it safe."}
+    history = history + [fact, {"role": "assistant", "content": "Noted."}]
+    question = {"role": "user", "content": "RECALL: What is the vault combination?"}
+    n_before = len(upstream.chat_requests())
+    r = await client(gateway, "inview").chat.completions.create(model="fake-32k", messages=history + [question], tools=TOOL_SPECS)
+    assert "31-07-44" in r.choices[0].message.content
+    turn = [q["json"] for q in upstream.chat_requests()[n_before:] if not q["headers"].get("x-palimpsest-purpose")]
+    assert RECALL_NAMES <= tool_names(turn[0]) and fact in turn[0]["messages"]  # history is hidden, the fact is not
+    result = orjson.loads(next(m["content"] for m in turn[-1]["messages"] if m["role"] == "tool" and "results" in m.get("content", "")))
+    top = result["results"][0]
+    assert top["in_view"] is True and "31-07-44" in top["passage"]
+    assert not any("RECALL:" in h.get("passage", h.get("snippet", "")) for h in result["results"])

@@ -24,7 +24,7 @@ def test_schemas():
     sp = search["function"]["parameters"]
     assert search["function"]["name"] == "s" and sp["required"] == ["query"]
     assert sp["properties"]["limit"]["minimum"] == 1 and sp["properties"]["limit"]["maximum"] == 20
-    assert sp["properties"]["scope"]["enum"] == ["hidden", "session"] and sp["properties"]["scope"]["default"] == "hidden"
+    assert sp["properties"]["scope"]["enum"] == ["hidden", "session"] and sp["properties"]["scope"]["default"] == "session"
     lp = load["function"]["parameters"]
     assert load["function"]["name"] == "l" and lp["required"] == ["event_id"]
     assert lp["properties"]["before"]["maximum"] == 5 and lp["properties"]["after"]["default"] == 0
