@@ -212,3 +212,32 @@ def test_a_lease_whose_holder_process_is_gone_is_free(tmp_path):
     assert checkpoints.acquire_lease("summary:t", "elsewhere:1:x", 600)
     assert not checkpoints.acquire_lease("summary:t", HOLDER, 600)
     checkpoints.close()
+
+
+class _LockedAtCheckpoint:
+    """The ledger's connection as a worker thread still reading at shutdown leaves it: the WAL
+    checkpoint finds the table locked (SQLITE_LOCKED)."""
+
+    def __init__(self, db):
+        self.db = db
+
+    def execute(self, sql, *args):
+        if "wal_checkpoint" in sql:
+            raise sqlite3.OperationalError("database table is locked")
+        return self.db.execute(sql, *args)
+
+    def close(self):
+        self.db.close()
+
+
+def test_close_survives_a_reader_holding_the_table_and_nothing_is_lost(tmp_path, caplog):
+    ledger = Ledger(tmp_path)
+    ref = SessionRef("t", "s")
+    ledger.sync(ref, [{"role": "user", "content": "keep me"}])
+    ledger._db = _LockedAtCheckpoint(ledger._db)
+    ledger.close()  # no exception at shutdown
+    assert "WAL not truncated" in caplog.text
+    reopened = Ledger(tmp_path)
+    key = reopened.sessions()[0].key
+    assert [e.message["content"] for e in reopened.since(key, -1) if e.kind == "message"] == ["keep me"]
+    reopened.close()
