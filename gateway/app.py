@@ -120,7 +120,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     app[CHECKPOINTS] = checkpoints
     app[COUNTER] = counter
     app[SUMMARIZER] = summarizer
-    indexer = Indexer(ledger, lambda: open_index(settings, upstream))
+    indexer = Indexer(ledger, lambda: open_index(settings, upstream), batch_s=settings.recall.index_batch_s)
     turns = TurnLog(settings.store.path, synchronous=settings.store.sync)  # what each request was built on
     app[TURNS] = turns
     recorder = TurnRecorder(ledger=ledger, metrics=metrics, summaries=summarizer, indexer=indexer, calibration=calibration,

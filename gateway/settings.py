@@ -131,6 +131,11 @@ class RecallSettings(_Section):
     index_cache_mb: int = Field(
         128, ge=1, description="Memory bound of LanceDB's index and metadata caches (split evenly); its own default is GiBs."
     )
+    index_batch_s: float = Field(
+        1.0, ge=0, description="Background indexing after a turn waits this long, so a busy session's turns go into one "
+        "add (each add is a LanceDB version and data file held in native memory until optimised); searches always "
+        "catch up first, so they never miss an event.",
+    )
 
 
 class SummarySettings(_Section):

@@ -37,9 +37,12 @@ class Indexer:
     The index is opened on first use: LanceDB, Arrow and the embedder cost ~100 MB of memory,
     which a gateway whose sessions never hide anything should not pay."""
 
-    def __init__(self, ledger: Ledger, open_index: Callable[[], "SearchIndex"]) -> None:
+    def __init__(self, ledger: Ledger, open_index: Callable[[], "SearchIndex"], batch_s: float = 0.0) -> None:
         self.ledger = ledger
         self._open_index = open_index
+        # A background catch-up waits this long first: the session's turns meanwhile join its
+        # add instead of each making a LanceDB version of their own (schedule() keeps one).
+        self.batch_s = batch_s
         self._index: "SearchIndex | None" = None
         self._open_lock = asyncio.Lock()
         # Weak: a session's lock lives while a catch-up holds or awaits it, so sessions that
@@ -90,6 +93,8 @@ class Indexer:
 
     async def _background(self, session_key: str) -> None:
         try:
+            if self.batch_s > 0:
+                await asyncio.sleep(self.batch_s)
             await self.catch_up(session_key)
         except Exception:
             log.exception("background indexing failed")

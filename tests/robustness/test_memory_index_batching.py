@@ -1,0 +1,58 @@
+"""Background indexing batches a busy session's turns into one add (each add is a LanceDB
+version and data file held in native memory until the next optimize; issue 9, load)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.jobs.indexer import Indexer
+from store.ledger import Ledger, SessionRef
+
+
+class CountingIndex:
+    """Stands in for SearchIndex: records each add's size."""
+
+    def __init__(self) -> None:
+        self.adds: list[int] = []
+        self.seq = -1
+
+    def indexed_seq(self, session_key: str) -> int:
+        return self.seq
+
+    async def add(self, session_key: str, events: list) -> int:
+        self.adds.append(len(events))
+        self.seq = max([self.seq, *(e.seq for e in events)])
+        return len(events)
+
+    def close(self) -> None:
+        pass
+
+
+async def three_quick_turns(tmp_path, batch_s: float) -> CountingIndex:
+    ledger = Ledger(tmp_path)
+    index = CountingIndex()
+    indexer = Indexer(ledger, lambda: index, batch_s=batch_s)
+    ref = SessionRef("t", "busy")
+    messages: list[dict] = []
+    for turn in range(3):
+        messages += [{"role": "user", "content": f"question {turn}"}, {"role": "assistant", "content": f"answer {turn}"}]
+        ledger.sync(ref, messages)
+        indexer.schedule(ref.key)
+        await asyncio.sleep(0.1)  # the next turn comes 0.1 s later
+    for _ in range(100):
+        if not indexer.bookkeeping()["pending"]:
+            break
+        await asyncio.sleep(0.05)
+    await indexer.close()
+    ledger.close()
+    return index
+
+
+async def test_turns_within_the_batch_window_go_into_one_add(tmp_path):
+    index = await three_quick_turns(tmp_path, batch_s=0.5)
+    assert index.adds == [6]
+
+
+async def test_without_the_window_every_turn_is_an_add_of_its_own(tmp_path):
+    index = await three_quick_turns(tmp_path, batch_s=0.0)
+    assert index.adds == [2, 2, 2]
