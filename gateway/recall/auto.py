@@ -79,23 +79,20 @@ async def add_recalled_history(tools: RecallTools, views, turn) -> None:
     fixed = len(render_block([])) + RESULTS * HIT_HEADER_CHARS + (RESULTS - len(PASSAGE_SHARES)) * SNIPPET_CHARS
     # Best effort within auto_timeout_s: a search still catching up with a busy session's index
     # must not hold the request. It is not cancelled (that could cut an index write short); it
-    # finishes in the background and the next request finds the index warm.
-    # -- bounded backlog (issue 9, load) --
-    # While a search that outlived its request still runs for this session, the session's index
-    # is behind: skip (outcome=busy) instead of queueing one more search behind it. Unbounded,
-    # ~4,400 late searches piled up in bench/load.py and the gateway's native memory with them.
-    if _LATE_BY_SESSION.get(turn.ref.key):
+    # finishes in the background and the next request finds the index warm. While it runs, the
+    # session's index is behind: its later requests skip the search (outcome=busy) instead of
+    # queueing one more behind it (unbounded, ~4,400 late searches piled up in bench/load.py,
+    # and the gateway's native memory with them).
+    key = turn.ref.key
+    if key in _LATE:
         tools.metrics.recall_calls.labels("auto", "busy").inc()
         return
-    # -- end bounded backlog --
-    search = asyncio.ensure_future(tools.find(turn.ref.key, query, tools.path_scope(chat.ids, view.hidden), RESULTS,
+    search = asyncio.ensure_future(tools.find(key, query, tools.path_scope(chat.ids, view.hidden), RESULTS,
                                               max(0, budget - fixed) // CHARS_PER_TOKEN))
     done, _ = await asyncio.wait({search}, timeout=tools.auto_timeout_s)
     if not done:
-        _PENDING.add(search)
-        search.add_done_callback(_finished_late)
-        _LATE_BY_SESSION[turn.ref.key] = _LATE_BY_SESSION.get(turn.ref.key, 0) + 1  # bounded backlog (issue 9)
-        search.add_done_callback(lambda _search, key=turn.ref.key: _settle_late(key))
+        _LATE[key] = search
+        search.add_done_callback(lambda late: _finished_late(key, late))
         tools.metrics.recall_calls.labels("auto", "timeout").inc()
         return
     try:
@@ -122,18 +119,13 @@ async def add_recalled_history(tools: RecallTools, views, turn) -> None:
         view.messages = fitted
 
 
-_PENDING: set[asyncio.Future] = set()  # searches that outlived their request, kept until they end
-_LATE_BY_SESSION: dict[str, int] = {}  # session key -> its searches in _PENDING (none: no entry)
+# Session key -> its search that outlived its request (at most one: later ones are skipped),
+# kept referenced until it ends.
+_LATE: dict[str, asyncio.Future] = {}
 
 
-def _settle_late(session_key: str) -> None:
-    left = _LATE_BY_SESSION.pop(session_key, 1) - 1
-    if left > 0:
-        _LATE_BY_SESSION[session_key] = left
-
-
-def _finished_late(search: asyncio.Future) -> None:
-    _PENDING.discard(search)
+def _finished_late(session_key: str, search: asyncio.Future) -> None:
+    _LATE.pop(session_key, None)
     if not search.cancelled() and search.exception() is not None:
         log.warning("late proactive recall search failed: %s", type(search.exception()).__name__)
 
