@@ -15,6 +15,7 @@ from gateway.jobs.indexer import BATCH_EVENTS, Indexer
 from gateway.keys import CHECKPOINTS, LEDGER
 from store.ledger import Event, Ledger
 from tests.support.agent import settle
+from tests.support.fakes import RecordingIndex
 
 
 def on_loop_thread() -> bool:
@@ -47,24 +48,8 @@ class _Ledger:
                 for i in range(seq + 1, self.count)]
 
 
-class _Index:
-    def __init__(self) -> None:
-        self.batches: list[int] = []
-        self.ids: list[str] = []
-        self.seq = -1
-
-    def indexed_seq(self, session_key: str) -> int:
-        return self.seq
-
-    async def add(self, session_key: str, batch: list) -> int:
-        self.batches.append(len(batch))
-        self.ids += [e.event_id for e in batch]
-        self.seq = max(self.seq, *(e.seq for e in batch))
-        return len(batch)
-
-
 async def test_indexer_reads_off_the_loop_and_adds_in_slices():
-    ledger, index = _Ledger(10_000), _Index()
+    ledger, index = _Ledger(10_000), RecordingIndex()
     indexer = Indexer(ledger, lambda: index)  # type: ignore[arg-type]
     assert await indexer.catch_up("t:big") == 10_000
     assert ledger.threads == [False]  # the read and decode ran in a worker thread

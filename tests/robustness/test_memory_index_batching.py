@@ -7,30 +7,12 @@ import asyncio
 
 from gateway.jobs.indexer import Indexer
 from store.ledger import Ledger, SessionRef
+from tests.support.fakes import RecordingIndex
 
 
-class CountingIndex:
-    """Stands in for SearchIndex: records each add's size."""
-
-    def __init__(self) -> None:
-        self.adds: list[int] = []
-        self.seq = -1
-
-    def indexed_seq(self, session_key: str) -> int:
-        return self.seq
-
-    async def add(self, session_key: str, events: list) -> int:
-        self.adds.append(len(events))
-        self.seq = max([self.seq, *(e.seq for e in events)])
-        return len(events)
-
-    def close(self) -> None:
-        pass
-
-
-async def three_quick_turns(tmp_path, batch_s: float) -> CountingIndex:
+async def three_quick_turns(tmp_path, batch_s: float) -> RecordingIndex:
     ledger = Ledger(tmp_path)
-    index = CountingIndex()
+    index = RecordingIndex()
     indexer = Indexer(ledger, lambda: index, batch_s=batch_s)
     ref = SessionRef("t", "busy")
     messages: list[dict] = []
@@ -50,9 +32,9 @@ async def three_quick_turns(tmp_path, batch_s: float) -> CountingIndex:
 
 async def test_turns_within_the_batch_window_go_into_one_add(tmp_path):
     index = await three_quick_turns(tmp_path, batch_s=0.5)
-    assert index.adds == [6]
+    assert index.batches == [6]
 
 
 async def test_without_the_window_every_turn_is_an_add_of_its_own(tmp_path):
     index = await three_quick_turns(tmp_path, batch_s=0.0)
-    assert index.adds == [2, 2, 2]
+    assert index.batches == [2, 2, 2]
