@@ -57,9 +57,9 @@ def render_summary(messages: list[dict[str, Any]]) -> str:
     all_text = "\n".join(content_text(m.get("content")) for m in messages)
     # The instruction is the system prompt, or the last message when it is appended to a
     # conversation (summary_cache_fork).
-    instruction = "\n".join(content_text(m.get("content")) for m in messages if m.get("role") in ("system", "developer"))
-    instruction = instruction if _WORD_LIMIT.search(instruction) else content_text((messages or [{}])[-1].get("content"))
-    limit = int(named.group(1)) if (named := _WORD_LIMIT.search(instruction)) else SUMMARY_WORD_LIMIT
+    system = "\n".join(content_text(m.get("content")) for m in messages if m.get("role") in ("system", "developer"))
+    named = _WORD_LIMIT.search(system) or _WORD_LIMIT.search(content_text((messages or [{}])[-1].get("content")))
+    limit = int(named.group(1)) if named else SUMMARY_WORD_LIMIT
     for m in messages:
         for call in m.get("tool_calls") or ():
             all_text += "\n" + call["function"]["name"] + " " + call["function"]["arguments"]
