@@ -1,0 +1,65 @@
+"""store.answer_types and the answer-type prior of store.ranking.fuse."""
+
+from __future__ import annotations
+
+import pytest
+
+from store.answer_types import DATE, NAME, QUANTITY, expected_type, has_candidate
+from store.ranking import Ranking, fuse
+
+
+@pytest.mark.parametrize(
+    ("query", "kind"),
+    [
+        ("Where did I buy my new bookshelf from?", NAME),
+        ("What breed is my dog?", NAME),
+        ("Which restaurant in Rome did you recommend?", NAME),
+        ("Who reviewed the migration PR?", NAME),
+        ("How long did it take me to assemble the bookshelf?", QUANTITY),
+        ("How many replicas does staging run?", QUANTITY),
+        ("What port does the admin API listen on?", QUANTITY),
+        ("When is my sister's wedding?", DATE),
+        ("What date did we pick for the launch?", DATE),
+        ("Can you remind me what you said about front-end development?", None),
+        ("Why did the deploy fail?", None),
+    ],
+)
+def test_the_question_word_names_the_answer_type(query, kind):
+    assert expected_type(query) == kind
+
+
+def test_a_candidate_must_be_new_to_the_question():
+    query = "How long did the IKEA bookshelf take to assemble?"
+    assert has_candidate("It took me 4 hours, not too bad.", QUANTITY, query)
+    assert not has_candidate("Assembling furniture is tiring.", QUANTITY, query)
+    assert has_candidate("The bookshelf came from IKEA and Target.", NAME, "Where is it from?")
+    # The question's own names are its subject, and a sentence's first word is not a name.
+    assert not has_candidate("I love the IKEA bookshelf. Books fit well.", NAME, query)
+    assert has_candidate("We fly on June 10 to Lisbon.", DATE, "When do we fly?")
+    assert not has_candidate("We fly soon, I think.", DATE, "When do we fly?")
+    # Digits inside the question are not an answer to it.
+    assert not has_candidate("port 8080 is busy", QUANTITY, "What port, 8080 or not?")
+
+
+def _row(event_id: str, role: str, parent: str, text: str, score: float) -> dict:
+    return {"event_id": event_id, "chunk": 0, "role": role, "created": 0.0, "parent": parent,
+            "text": text, "_score": score}
+
+
+def test_the_turn_stating_the_fact_outranks_the_one_that_talks_most_about_the_subject():
+    rows = [
+        _row("u1", "user", "", "I just love my new bookshelf, my books are all organized now "
+             "and the bookshelf fits the room", 9.0),
+        _row("a1", "assistant", "u1", "That sounds lovely!", 1.0),
+        _row("u2", "user", "a1", "By the way the bookshelf is from IKEA, it was on sale.", 8.0),
+    ]
+    query = "Where did I buy my new bookshelf?"
+    off = fuse([rows], query, 3, Ranking(answer_type=0.0))
+    assert off[0].event_id == "u1"
+    on = fuse([rows], query, 3, Ranking())
+    assert on[0].event_id == "u2"
+    assert on[0].score == pytest.approx(8.0 / 9.0 + Ranking().role_prior + Ranking().answer_type)
+    # A question that names no answer type ranks as before.
+    plain = "Tell me about my new bookshelf"
+    assert [h.event_id for h in fuse([rows], plain, 3, Ranking())] == [
+        h.event_id for h in fuse([rows], plain, 3, Ranking(answer_type=0.0))]
