@@ -324,11 +324,10 @@ async def evaluate(sessions: list[Session], variants: list[str], embedder, by_ph
                             rank = next((i + 1 for i, h in enumerate(hits)
                                          if h.event_id in query.evidence), None)
                             ranks[name].setdefault((query.workload, query.split), []).append(rank)
-                            if by_phrasing:  # question / keyword / paraphrase: the label's suffix
+                            if by_phrasing and query.workload != "lme":  # the label's suffix
                                 phrasing = {"q": "question", "k": "keyword", "p": "paraphrase"}[query.label[-1]]
-                                workload = f"{query.workload}:{phrasing}" if query.workload != "lme" else "lme"
-                                if workload != "lme":
-                                    ranks[name].setdefault((workload, query.split), []).append(rank)
+                                workload = f"{query.workload}:{phrasing}"
+                                ranks[name].setdefault((workload, query.split), []).append(rank)
                             if rank != 1:
                                 misses.setdefault(name, []).append(
                                     f"{query.workload}/{query.split} {query.label} rank={rank}: {query.text[:70]}")

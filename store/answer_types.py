@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["expected_type", "has_candidate"]
+__all__ = ["DATE", "NAME", "PATH", "QUANTITY", "expected_type", "has_candidate"]
 
-DATE, QUANTITY, NAME = "date", "quantity", "name"
+DATE, QUANTITY, NAME, PATH = "date", "quantity", "name", "path"
 
 _ASKS_DATE = re.compile(
     r"\bwhen\b|\b(?:what|which)\s+(?:date|day|time|year|month|week|weekday)\b", re.I)
@@ -25,6 +25,8 @@ _ASKS_QUANTITY = re.compile(
     r"\bhow\s+(?:long|much|many|old|far|often|big|large|tall|fast|heavy|late|early)\b|"
     r"\b(?:what|which)\s+(?:percentage|percent|number|price|amount|size|version|port|score|"
     r"total|count|rate|speed|temperature|distance|budget|cost)\b", re.I)
+_ASKS_PATH = re.compile(
+    r"\b(?:what|which)\s+(?:\w+\s+)?(?:file|files|path|directory|folder|script|module)\b", re.I)
 _ASKS_NAME = re.compile(
     r"\bwhere\b|\bwho(?:m|se)?\b|\bname\b|\bcalled\b|"
     r"\b(?:what|which)\s+(?:\w+\s+)?(?:breed|brand|company|companies|restaurant|store|shop|"
@@ -45,12 +47,24 @@ _NUMBER_WORDS = (r"one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelv
 _QUANTITY_TOKEN = re.compile(rf"\b\d+(?:[.,]\d+)?\b|\b(?:{_NUMBER_WORDS})\b", re.I)
 # A capitalised word that does not open a sentence (or a line, or a list item): a name.
 _NAME_TOKEN = re.compile(r"(?<![.!?:\n*#>\-]\s)(?<![.!?:\n*#>\-])(?<!^)\b([A-Z][\w'&-]*[A-Za-z])")
-_NOT_NAMES = frozenset({"I", "I'm", "I've", "I'll", "I'd", "OK", "AI"})
+# Capitalised words that are structure, not names: log levels, HTTP, the first person.
+_NOT_NAMES = frozenset({
+    "I", "I'm", "I've", "I'll", "I'd", "OK", "AI", "INFO", "WARN", "WARNING", "ERROR", "DEBUG",
+    "TRACE", "FATAL", "CRITICAL", "NOTE", "TODO", "GET", "POST", "PUT", "PATCH", "DELETE", "HEAD",
+    "HTTP", "HTTPS", "JSON", "URL", "API", "ID", "PASS", "PASSED", "FAIL", "FAILED", "OK",
+})
+# A file system path: absolute ("/srv/app", "~/.config/x", "./run.sh") or relative with an
+# extension ("src/app.ts"); not "and/or" or "3/4".
+_PATH_TOKEN = re.compile(
+    r"(?<![\w/.~])(?:~|\.{1,2})?/[A-Za-z_.][\w.\-]*(?:/[\w.\-]+)*|"
+    r"\b[\w.\-]+(?:/[\w.\-]+)+\.[A-Za-z][A-Za-z0-9]{0,5}\b")
 _WORD = re.compile(r"[\w']+")
 
 
 def expected_type(query: str) -> str | None:
     """The answer type a question asks for, or None when it names none."""
+    if _ASKS_PATH.search(query):
+        return PATH
     if _ASKS_DATE.search(query):
         return DATE
     if _ASKS_QUANTITY.search(query):
@@ -61,13 +75,19 @@ def expected_type(query: str) -> str | None:
 
 
 def has_candidate(text: str, kind: str, query: str) -> bool:
-    """Whether `text` contains an answer candidate of `kind` that `query` does not contain."""
+    """Whether `text` contains an answer candidate of `kind` that `query` does not contain.
+
+    A path answers "which file" and, like a name, "where" (where a script lives)."""
     asked = {w.lower() for w in _WORD.findall(query)}
     if kind == DATE:
         pattern = _DATE_TOKEN
     elif kind == QUANTITY:
         pattern = _QUANTITY_TOKEN
     else:
+        if any(m.group(0) not in query for m in _PATH_TOKEN.finditer(text)):
+            return True
+        if kind == PATH:
+            return False
         for match in _NAME_TOKEN.finditer(text):
             word = match.group(1)
             if word not in _NOT_NAMES and word.lower() not in asked:

@@ -18,7 +18,7 @@ from functools import lru_cache
 
 from store.chunking import query_terms
 
-__all__ = ["line_coverage", "stem", "terms"]
+__all__ = ["best_line", "line_coverage", "stem", "terms"]
 
 _WORD = re.compile(r"\w+")
 _SUFFIXES = ("ing", "ed", "es", "s")
@@ -41,31 +41,40 @@ def terms(query: str) -> list[str]:
 
 
 def line_coverage(texts: Iterable[str], wanted: list[str]) -> float:
-    """Largest share of `wanted` found together on one line of any of `texts` (0..1).
+    """Largest share of `wanted` found together on one line of any of `texts` (0..1)."""
+    return best_line(texts, wanted)[0]
+
+
+def best_line(texts: Iterable[str], wanted: list[str]) -> tuple[float, str]:
+    """The line of `texts` holding the largest share of `wanted` together, and that share.
 
     A line's word matches a wanted stem when it is the stem plus at most one of the suffixes
     `stem` strips. A term on most lines of a long output is its structure ("id" in every JSON
     row, "INFO" in every log line), not a clue to one line, and is not counted (the share is
     still of all of `wanted`). Substring tests (C speed) bound each line's count first, and
-    only a line that could beat the best so far is matched word by word.
+    only a line that could beat the best so far is matched word by word. The line is returned
+    as written (its case kept); "" when no line holds a wanted term.
     """
     if not wanted:
-        return 0.0
+        return 0.0, ""
     wanted_all = wanted
-    lines = [line for text in texts for line in text.lower().split("\n")]
+    lines = [line for text in texts for line in text.split("\n")]
+    lowered = [line.lower() for line in lines]
     if len(lines) >= STRUCTURE_LINES:
-        wanted = [term for term in wanted if sum(term in line for line in lines) * 2 <= len(lines)]
+        wanted = [term for term in wanted if sum(term in line for line in lowered) * 2 <= len(lines)]
         if not wanted:
-            return 0.0
+            return 0.0, ""
     pattern = _pattern(tuple(wanted))
-    best = 0
-    for line in lines:
+    best, where = 0, -1
+    for n, line in enumerate(lowered):
         if sum(term in line for term in wanted) <= best:
             continue
-        best = max(best, len({match.group(1) for match in pattern.finditer(line)}))
+        found = len({match.group(1) for match in pattern.finditer(line)})
+        if found > best:
+            best, where = found, n
         if best == len(wanted):
             break
-    return best / len(wanted_all)
+    return best / len(wanted_all), lines[where] if where >= 0 else ""
 
 
 @lru_cache(maxsize=256)

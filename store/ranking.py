@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from store.answer_types import expected_type, has_candidate
 from store.chunking import snippet
-from store.passages import line_coverage, terms
+from store.passages import best_line, terms
 
 __all__ = ["Hit", "Ranking", "fuse", "text_query", "vector_query"]
 
@@ -164,14 +164,15 @@ def fuse(
         if wanted:
             rows = {event_id: chunk_rows[key] for event_id, key in best_chunk.items()}
             event_scores = _pair(event_scores, rows, wanted, ranking)
-    if ranking.answer_type:
-        kind = expected_type(query)
-        if kind:
-            for event_id, key in best_chunk.items():
-                if has_candidate(chunk_rows[key]["text"], kind, query):
-                    event_scores[event_id] += ranking.answer_type
+    kind = expected_type(query) if ranking.answer_type else None
+    if kind:  # a tool result's candidate must be on its best line (`_tool_lines`)
+        for event_id, key in best_chunk.items():
+            row = chunk_rows[key]
+            if (row["role"] != "tool" or not ranking.tool_lines) and has_candidate(row["text"], kind, query):
+                event_scores[event_id] += ranking.answer_type
     if ranking.tool_lines:
-        event_scores = _tool_lines(event_scores, chunk_rows, query, ranking.tool_lines, limit)
+        event_scores = _tool_lines(event_scores, chunk_rows, query, ranking.tool_lines, limit,
+                                   kind, ranking.answer_type)
     if ranking.neighbour:
         event_scores = _borrow(event_scores, {e: chunk_rows[k] for e, k in best_chunk.items()},
                                ranking.neighbour)
@@ -197,8 +198,12 @@ def _tool_lines(
     query: str,
     weight: float,
     keep: int,
+    kind: str | None = None,
+    answer: float = 0.0,
 ) -> dict[str, float]:
-    """Each tool event adds `weight` x the best line coverage of its retrieved chunks.
+    """Each tool event adds `weight` x the best line coverage of its retrieved chunks, and
+    `answer` when that line holds a candidate of the answer type `kind` (a log's other lines
+    are full of numbers, dates and names that answer nothing).
 
     Events are visited best first and the visit stops once even a full bonus could not lift an
     event into the best `keep`: the scan of a log's lines is the costly part, and the events
@@ -211,13 +216,17 @@ def _tool_lines(
             texts.setdefault(event_id, []).append(row["text"])
     if not wanted or not texts:
         return scores
+    most = weight + (answer if kind else 0.0)
     lifted = dict(scores)
     best: list[float] = []  # min-heap of the `keep` best final scores so far
     for event_id, score in sorted(scores.items(), key=lambda item: -item[1]):
-        if len(best) >= keep and score + weight <= best[0]:
+        if len(best) >= keep and score + most <= best[0]:
             break
         if event_id in texts:
-            score += weight * line_coverage(texts[event_id], wanted)
+            share, line = best_line(texts[event_id], wanted)
+            score += weight * share
+            if kind and line and has_candidate(line, kind, query):
+                score += answer
             lifted[event_id] = score
         if len(best) < keep:
             heapq.heappush(best, score)

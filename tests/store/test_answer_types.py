@@ -63,3 +63,22 @@ def test_the_turn_stating_the_fact_outranks_the_one_that_talks_most_about_the_su
     plain = "Tell me about my new bookshelf"
     assert [h.event_id for h in fuse([rows], plain, 3, Ranking())] == [
         h.event_id for h in fuse([rows], plain, 3, Ranking(answer_type=0.0))]
+
+
+def test_a_tool_log_counts_a_candidate_only_on_the_line_that_holds_the_question():
+    """Logs are full of numbers, dates and names; the path must be on the fact's own line."""
+    log = "\n".join(f"2024-06-{day:02d}T10:00 INFO migration: worker queue /srv/app/x{day}.py"
+                    for day in range(1, 12))
+    fact = "\n".join(["2024-06-01T10:00 INFO retry: worker queue cache",
+                      "NOTE the file that holds the migration is /srv/app/migrations/0042_add_ledger.py",
+                      "2024-06-02T10:00 INFO retry: worker queue cache"])
+    prose = "2024-06-01T10:00 INFO the file holds migration settings"
+    rows = [_row("t1", "tool", "a0", log, 5.0), _row("t2", "tool", "a1", fact, 3.0),
+            _row("t3", "tool", "a2", prose, 3.0)]
+    query = "Which file holds the migration?"
+    without = {h.event_id: h.score for h in fuse([rows], query, 3, Ranking(answer_type=0.0))}
+    hits = {h.event_id: h.score for h in fuse([rows], query, 3, Ranking())}
+    assert hits["t2"] == pytest.approx(without["t2"] + Ranking().answer_type)
+    # t1 has paths on lines that hold one query word; t3's best line holds no path.
+    assert hits["t1"] == pytest.approx(without["t1"])
+    assert hits["t3"] == pytest.approx(without["t3"])

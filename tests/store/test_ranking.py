@@ -102,8 +102,9 @@ def test_a_tool_log_whose_one_line_holds_the_question_ranks_above_logs_repeating
         _row("u1", "user", "", "Step 3: please read file on /srv/app/index/queue.py", _score=5.0),
     ]
     query = "Which file holds the migration?"
-    assert [hit.event_id for hit in fuse([rows], query, 3, Ranking(tool_lines=0.0))] == ["t1", "u1", "t2"]
-    hits = fuse([rows], query, 3, Ranking())
+    plain = Ranking(tool_lines=0.0, answer_type=0.0)
+    assert [hit.event_id for hit in fuse([rows], query, 3, plain)] == ["t1", "u1", "t2"]
+    hits = fuse([rows], query, 3, Ranking(answer_type=0.0))
     assert hits[0].event_id == "t2"
     # A chat turn gets no line bonus: its score is the fused one.
     assert next(hit for hit in hits if hit.event_id == "u1").score == pytest.approx(5.0 / 6.0)
