@@ -103,6 +103,13 @@ def _values_in(text: str, found: dict[str, dict[str, None]], head: int | None = 
         text = pattern.sub(claim, text)
 
 
+def values_in(text: str) -> dict[str, list[str]]:
+    """The exact values of one text by kind (``STATE_KEYS``), in order of appearance."""
+    found: dict[str, dict[str, None]] = {key: {} for key in STATE_KEYS}
+    _values_in(text, found)
+    return {key: list(values) for key, values in found.items()}
+
+
 def _proper_name(candidate: str) -> str | None:
     # Conservative: drop leading stop words ("Thanks John Smith" -> "John Smith") and keep
     # only what still has two capitalised words.

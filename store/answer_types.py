@@ -1,47 +1,48 @@
 """Answer types: does a passage hold the kind of thing a question asks for?
 
 "Where did I buy my bookshelf?" is answered by a name ("IKEA"), "how long did it take" by a
-quantity ("4 hours"), "when is the wedding" by a date. Lexical and vector similarity both
-prefer the turns that talk most about the question's subject (bookshelves), which are often
-not the ones that state the fact. Classic question answering ranks passages by whether they
-contain a candidate of the expected answer type; `answer_bonus` is that signal, used by
-`store.ranking.fuse` as a small additive prior among already-retrieved events.
+quantity ("4 hours"), "when is the wedding" by a date, "which file" by a path, "what is the
+deploy id" by an identifier. Lexical and vector similarity both prefer the turns that talk most
+about the question's subject (bookshelves, deploys), which are often not the ones that state
+the fact. Classic question answering ranks passages by whether they contain a candidate of the
+expected answer type; `has_candidate` is that signal, used by `store.ranking.fuse` as a small
+additive prior among already-retrieved events.
 
-A candidate must be new: a name or number the question itself contains is the subject, not
-the answer. Pure functions, no I/O.
+The structured kinds (ids, versions, paths, dates) are the exact values the summary block keeps
+(`policies.extraction`), so both agree on what an id or a path is. A candidate must be new: a
+name or number the question itself contains is its subject, not the answer. Pure functions.
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["DATE", "NAME", "PATH", "QUANTITY", "expected_type", "has_candidate"]
+from policies.extraction import values_in
 
-DATE, QUANTITY, NAME, PATH = "date", "quantity", "name", "path"
+__all__ = ["DATE", "ID", "NAME", "PATH", "QUANTITY", "VERSION", "expected_type", "has_candidate"]
 
-_ASKS_DATE = re.compile(
-    r"\bwhen\b|\b(?:what|which)\s+(?:date|day|time|year|month|week|weekday)\b", re.I)
-_ASKS_QUANTITY = re.compile(
-    r"\bhow\s+(?:long|much|many|old|far|often|big|large|tall|fast|heavy|late|early)\b|"
-    r"\b(?:what|which)\s+(?:percentage|percent|number|price|amount|size|version|port|score|"
-    r"total|count|rate|speed|temperature|distance|budget|cost)\b", re.I)
-_ASKS_PATH = re.compile(
-    r"\b(?:what|which)\s+(?:\w+\s+)?(?:file|files|path|directory|folder|script|module)\b", re.I)
-_ASKS_NAME = re.compile(
-    r"\bwhere\b|\bwho(?:m|se)?\b|\bname\b|\bcalled\b|"
-    r"\b(?:what|which)\s+(?:\w+\s+)?(?:breed|brand|company|companies|restaurant|store|shop|"
-    r"city|country|place|hotel|book|movie|film|song|album|artist|band|author|team|school|"
-    r"university|app|tool|library|framework|language|platform|website|airline|game|show|"
-    r"series|park|museum|cafe|bar|neighbourhood|neighborhood|street|town|island|region)\b",
-    re.I)
+DATE, QUANTITY, NAME, PATH, ID, VERSION = "date", "quantity", "name", "path", "id", "version"
 
-_MONTHS = (r"jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|jun(?:e)?|jul(?:y)?|"
-           r"aug(?:ust)?|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?")
-_DATE_TOKEN = re.compile(
-    rf"\b(?:{_MONTHS})\s+\d{{1,2}}\b|\b\d{{1,2}}(?:st|nd|rd|th)?\s+(?:of\s+)?(?:{_MONTHS})\b|"
-    r"\b(?:monday|tuesday|wednesday|thursday|friday|saturday|sunday)\b|"
-    r"\b\d{4}-\d{2}-\d{2}\b|\b\d{1,2}/\d{1,2}(?:/\d{2,4})?\b|\b(?:19|20)\d{2}\b|"
-    r"\b\d{1,2}(?::\d{2})?\s*(?:am|pm)\b|\b\d{1,2}:\d{2}\b", re.I)
+_WHICH = r"\b(?:what|which)(?:'s|\s+is|\s+was|\s+are|\s+were)?\s+(?:the\s+)?(?:[\w'-]+\s+){0,3}?"
+# In order: the first that matches names the type ("which file ... when" asks for a file).
+_ASKS: tuple[tuple[str, re.Pattern[str]], ...] = tuple((kind, re.compile(pattern, re.I)) for kind, pattern in (
+    (PATH, _WHICH + r"(?:file|files|path|directory|folder|script)\b"),
+    (VERSION, _WHICH + r"(?:version|release)\b"),
+    (ID, _WHICH + r"(?:id|ids|identifier|code|ticket|reference|ref|hash|commit|sha|uuid|key)\b"),
+    (DATE, r"\bwhen\b|\b(?:what|which)\s+(?:date|day|time|year|month|week|weekday)\b"),
+    (QUANTITY, r"\bhow\s+(?:long|much|many|old|far|often|big|large|tall|fast|heavy|late|early)\b|"
+               r"\b(?:what|which)\s+(?:percentage|percent|number|price|amount|size|port|score|"
+               r"total|count|rate|speed|temperature|distance|budget|cost)\b"),
+    (NAME, r"\bwhere\b|\bwho(?:m|se)?\b|\bname\b|\bcalled\b|"
+           r"\b(?:what|which)\s+(?:\w+\s+)?(?:breed|brand|company|companies|restaurant|store|shop|"
+           r"city|country|place|hotel|book|movie|film|song|album|artist|band|author|team|school|"
+           r"university|app|tool|library|framework|language|platform|website|airline|game|show|"
+           r"series|park|museum|cafe|bar|neighbourhood|neighborhood|street|town|island|region)\b"),
+))
+
+# Dates beyond the summary's exact values: weekdays and bare years ("in 2019").
+_MORE_DATES = re.compile(
+    r"\b(?:monday|tuesday|wednesday|thursday|friday|saturday|sunday)\b|\b(?:19|20)\d{2}\b", re.I)
 _NUMBER_WORDS = (r"one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|fifteen|"
                  r"twenty|thirty|forty|fifty|hundred|thousand|dozen|half|couple")
 _QUANTITY_TOKEN = re.compile(rf"\b\d+(?:[.,]\d+)?\b|\b(?:{_NUMBER_WORDS})\b", re.I)
@@ -51,48 +52,37 @@ _NAME_TOKEN = re.compile(r"(?<![.!?:\n*#>\-]\s)(?<![.!?:\n*#>\-])(?<!^)\b([A-Z][
 _NOT_NAMES = frozenset({
     "I", "I'm", "I've", "I'll", "I'd", "OK", "AI", "INFO", "WARN", "WARNING", "ERROR", "DEBUG",
     "TRACE", "FATAL", "CRITICAL", "NOTE", "TODO", "GET", "POST", "PUT", "PATCH", "DELETE", "HEAD",
-    "HTTP", "HTTPS", "JSON", "URL", "API", "ID", "PASS", "PASSED", "FAIL", "FAILED", "OK",
+    "HTTP", "HTTPS", "JSON", "URL", "API", "ID", "PASS", "PASSED", "FAIL", "FAILED",
 })
-# A file system path: absolute ("/srv/app", "~/.config/x", "./run.sh") or relative with an
-# extension ("src/app.ts"); not "and/or" or "3/4".
-_PATH_TOKEN = re.compile(
-    r"(?<![\w/.~])(?:~|\.{1,2})?/[A-Za-z_.][\w.\-]*(?:/[\w.\-]+)*|"
-    r"\b[\w.\-]+(?:/[\w.\-]+)+\.[A-Za-z][A-Za-z0-9]{0,5}\b")
 _WORD = re.compile(r"[\w']+")
 
 
 def expected_type(query: str) -> str | None:
     """The answer type a question asks for, or None when it names none."""
-    if _ASKS_PATH.search(query):
-        return PATH
-    if _ASKS_DATE.search(query):
-        return DATE
-    if _ASKS_QUANTITY.search(query):
-        return QUANTITY
-    if _ASKS_NAME.search(query):
-        return NAME
-    return None
+    return next((kind for kind, pattern in _ASKS if pattern.search(query)), None)
 
 
 def has_candidate(text: str, kind: str, query: str) -> bool:
     """Whether `text` contains an answer candidate of `kind` that `query` does not contain.
 
-    A path answers "which file" and, like a name, "where" (where a script lives)."""
+    A path also answers "where" (where a script lives), like a name does."""
     asked = {w.lower() for w in _WORD.findall(query)}
-    if kind == DATE:
-        pattern = _DATE_TOKEN
-    elif kind == QUANTITY:
-        pattern = _QUANTITY_TOKEN
-    else:
-        if any(m.group(0) not in query for m in _PATH_TOKEN.finditer(text)):
+
+    def new(value: str) -> bool:
+        return value.lower() not in query.lower() and not set(_WORD.findall(value.lower())) <= asked
+
+    if kind in (ID, VERSION, PATH, DATE) or kind == NAME and "/" in text:
+        values = values_in(text)
+        key = {ID: "ids", VERSION: "versions", PATH: "paths", DATE: "dates", NAME: "paths"}[kind]
+        if any(new(value) for value in values[key]):
             return True
-        if kind == PATH:
+        if kind == DATE:
+            return any(new(m.group(0)) for m in _MORE_DATES.finditer(text))
+        if kind != NAME:
             return False
-        for match in _NAME_TOKEN.finditer(text):
-            word = match.group(1)
-            if word not in _NOT_NAMES and word.lower() not in asked:
-                return True
-        return False
+    if kind == QUANTITY:
+        return any(new(m.group(0)) for m in _QUANTITY_TOKEN.finditer(text))
     return any(
-        not set(_WORD.findall(m.group(0).lower())) <= asked for m in pattern.finditer(text)
+        m.group(1) not in _NOT_NAMES and m.group(1).lower() not in asked
+        for m in _NAME_TOKEN.finditer(text)
     )

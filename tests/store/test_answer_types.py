@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from store.answer_types import DATE, NAME, QUANTITY, expected_type, has_candidate
+from store.answer_types import DATE, ID, NAME, PATH, QUANTITY, VERSION, expected_type, has_candidate
 from store.ranking import Ranking, fuse
 
 
@@ -20,6 +20,10 @@ from store.ranking import Ranking, fuse
         ("What port does the admin API listen on?", QUANTITY),
         ("When is my sister's wedding?", DATE),
         ("What date did we pick for the launch?", DATE),
+        ("Which file holds the migration?", PATH),
+        ("What uvicorn version is pinned?", VERSION),
+        ("What is the customer's reservation code?", ID),
+        ("How does the code handle retries?", None),
         ("Can you remind me what you said about front-end development?", None),
         ("Why did the deploy fail?", None),
     ],
@@ -82,3 +86,20 @@ def test_a_tool_log_counts_a_candidate_only_on_the_line_that_holds_the_question(
     # t1 has paths on lines that hold one query word; t3's best line holds no path.
     assert hits["t1"] == pytest.approx(without["t1"])
     assert hits["t3"] == pytest.approx(without["t3"])
+
+
+@pytest.mark.parametrize(
+    ("query", "kind", "text", "found"),
+    [
+        ("What is the staging deploy id?", ID, "rollbacks use DEP-58213 from now on", True),
+        ("Which booking reference did the client have?", ID, "the client booked it last week", False),
+        ("Which release of the server are we locked to?", VERSION, "pinned uvicorn 0.30.1 today", True),
+        ("What version is pinned?", VERSION, "pinned since 2024", False),
+        ("Where is the schema script located?", NAME, "it lives in /srv/app/migrations/0042.py", True),
+        ("When does the token expire?", DATE, "the token expires on 2024-09-30", True),
+        ("When does the token expire?", DATE, "it expires next Friday", True),
+    ],
+)
+def test_structured_candidates_are_the_summary_blocks_exact_values(query, kind, text, found):
+    assert expected_type(query) == kind
+    assert has_candidate(text, kind, query) is found
