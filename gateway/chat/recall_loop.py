@@ -76,6 +76,7 @@ class _Relay:
     client_index: dict[int, int] = field(default_factory=dict)  # upstream tool index -> client's
     client_calls: dict[int, dict] = field(default_factory=dict)
     content_parts: list[str] = field(default_factory=list)
+    answer: StreamAssembler = field(default_factory=StreamAssembler)  # what the client was sent, as a message
 
 
 class RecallLoop:
@@ -263,7 +264,9 @@ class RecallLoop:
                 continue
             if finish == "tool_calls" and not relay.client_calls:
                 finish = "stop"
-            answer: dict[str, Any] = {"role": "assistant", "content": "".join(relay.content_parts) or None}
+            answer = relay.answer.message()  # content, refusal, a legacy function_call: as the client got them
+            answer.pop("tool_calls", None)
+            answer["content"] = "".join(relay.content_parts) or None
             if relay.client_calls:
                 answer["tool_calls"] = [relay.client_calls[i] for i in sorted(relay.client_calls)]
             turn.answer = answer
@@ -306,7 +309,7 @@ class RecallLoop:
                 assembler.add(event)
                 if event.get("usage"):
                     call_usage = event["usage"]
-                forwarded = self._filter_chunk(event, relay.first, names, recall_idx, relay.client_index, relay.client_calls, relay.content_parts)
+                forwarded = self._filter_chunk(event, relay, names, recall_idx)
                 for choice in event.get("choices") or ():
                     if choice.get("index", 0) == 0 and choice.get("finish_reason"):
                         finish = choice["finish_reason"]
@@ -315,9 +318,11 @@ class RecallLoop:
             if out:
                 await relay.response.write(bytes(out))
 
-    def _filter_chunk(self, event, first, names, recall_idx, client_index, client_calls, content_parts) -> dict | None:
+    def _filter_chunk(self, event, relay: "_Relay", names, recall_idx) -> dict | None:
         """The client's view of one upstream chunk: one id, no recall tool calls, no finish or
-        usage (those are sent once, at the end of the turn)."""
+        usage (those are sent once, at the end of the turn). Everything else a delta carries
+        (a legacy function_call, a refusal, reasoning text, audio) reaches the client."""
+        first, client_index, client_calls, content_parts = relay.first, relay.client_index, relay.client_calls, relay.content_parts
         choices_out = []
         for choice in event.get("choices") or ():
             delta = dict(choice.get("delta") or {})
@@ -344,7 +349,10 @@ class RecallLoop:
                 delta["tool_calls"] = kept_calls
             if delta.get("content"):
                 content_parts.append(delta["content"])
-            has_payload = bool(delta.get("content") or kept_calls or delta.get("refusal") or (delta.get("role") and not content_parts and not client_calls))
+            if choice.get("index", 0) == 0:
+                relay.answer.add({"choices": [{"delta": {k: v for k, v in delta.items() if k not in ("content", "tool_calls")}}]})
+            others = any(v for k, v in delta.items() if k not in ("role", "content", "tool_calls"))
+            has_payload = bool(delta.get("content") or kept_calls or others or (delta.get("role") and not content_parts and not client_calls))
             if has_payload:
                 choices_out.append({**choice, "delta": delta, "finish_reason": None})
         if not choices_out:

@@ -76,7 +76,8 @@ async def end_with_error(response: web.StreamResponse, error: GatewayError) -> N
 
 
 class StreamAssembler:
-    """Rebuilds choice 0's message, the finish reason and usage from chat.completion.chunk events."""
+    """Rebuilds choice 0's message (content, refusal, tool calls, a legacy function_call), the
+    finish reason and usage from chat.completion.chunk events."""
 
     def __init__(self) -> None:
         self.id: str | None = None
@@ -84,6 +85,8 @@ class StreamAssembler:
         self.created: int | None = None
         self.role = "assistant"
         self.content: list[str] = []
+        self.refusal: list[str] = []
+        self.function_call: dict[str, str] | None = None  # legacy `functions` answers
         self.tool_calls: dict[int, dict[str, Any]] = {}
         self.finish_reason: str | None = None
         self.usage: dict | None = None
@@ -103,6 +106,10 @@ class StreamAssembler:
                 self.role = delta["role"]
             if delta.get("content"):
                 self.content.append(delta["content"])
+            if delta.get("refusal"):
+                self.refusal.append(delta["refusal"])
+            if isinstance(delta.get("function_call"), dict):
+                self.add_function_call_delta(delta["function_call"])
             for call in delta.get("tool_calls") or ():
                 self.add_tool_call_delta(call)
             if choice.get("finish_reason"):
@@ -120,8 +127,18 @@ class StreamAssembler:
         if fn.get("arguments"):
             slot["function"]["arguments"] += fn["arguments"]
 
+    def add_function_call_delta(self, call: dict) -> None:
+        slot = self.function_call = self.function_call or {"name": "", "arguments": ""}
+        for key in ("name", "arguments"):
+            if isinstance(call.get(key), str):
+                slot[key] += call[key]
+
     def message(self) -> dict:
         msg: dict[str, Any] = {"role": self.role, "content": "".join(self.content) or None}
+        if self.refusal:
+            msg["refusal"] = "".join(self.refusal)
+        if self.function_call:
+            msg["function_call"] = self.function_call
         if self.tool_calls:
             msg["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
         return msg

@@ -1,0 +1,148 @@
+"""A new user's streams off the happy path, through the plain relay and the recall loop.
+
+Each case runs twice: with a short history (the view is the client's request, relayed as it
+comes) and with a long one on an 8k model (the view hides history, so it carries the recall
+tools and the answer goes through ``RecallLoop``, which rewrites every chunk). A client must
+not be able to tell the two apart: what the provider streamed reaches the client (legacy
+``function_call`` deltas, refusals, reasoning text, the provider's own error event), and what
+the ledger records is the answer the client got, so the resent history lands on it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+import pytest
+
+from gateway.keys import LEDGER
+from store.canonical import event_id
+from tests.robustness.test_new_user_rig import (  # noqa: F401 - fixtures
+    Reply, answer, chunk, client, completion, scripted, scripted_gateway,
+)
+
+FILLER = "lorem ipsum dolor sit amet " * 100
+LONG = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}: {FILLER}"} for i in range(24)]
+HISTORIES = {"short": [], "long": LONG}
+FUNCTIONS = [{"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+
+
+def _recall_offered(scripted, history: str) -> None:
+    """The long history really went through the recall loop (and the short one did not)."""
+    tools = [t["function"]["name"] for t in scripted.chats()[0].get("tools") or ()]
+    assert ("session_search" in tools) == (history == "long"), tools
+
+
+def _answers(gw) -> list[dict]:
+    ledger = gw.app[LEDGER]
+    out = []
+    for record in ledger.sessions():
+        out += [e.message for e in ledger.since(record.key, -1) if e.role == "assistant" and e.kind == "message"]
+    return out
+
+
+async def _drain(stream) -> dict[str, Any]:
+    got: dict[str, Any] = {"content": "", "refusal": "", "reasoning": "", "fc_name": "", "fc_args": "", "finish": None, "chunks": 0}
+    async for event in stream:
+        got["chunks"] += 1
+        for choice in event.choices:
+            delta = choice.delta
+            got["content"] += delta.content or ""
+            got["refusal"] += delta.refusal or ""
+            got["reasoning"] += (delta.model_extra or {}).get("reasoning_content") or ""
+            if delta.function_call:
+                got["fc_name"] += delta.function_call.name or ""
+                got["fc_args"] += delta.function_call.arguments or ""
+            got["finish"] = choice.finish_reason or got["finish"]
+    return got
+
+
+def _legacy_call_stream(body: dict) -> Reply:
+    if body["messages"][-1]["role"] == "function":
+        return answer(body, {"content": "sunny"})
+    return Reply(events=[
+        chunk({"role": "assistant", "content": None}),
+        chunk({"function_call": {"name": "get_weather", "arguments": ""}}),
+        chunk({"function_call": {"arguments": '{"city": '}}),
+        chunk({"function_call": {"arguments": '"Paris"}'}}),
+        chunk({}, finish="function_call"), "[DONE]"])
+
+
+@pytest.mark.parametrize("history", sorted(HISTORIES))
+async def test_streamed_legacy_function_call_reaches_the_client_and_the_ledger(scripted, scripted_gateway, history):
+    gw = await scripted_gateway()
+    scripted.script = _legacy_call_stream
+    sdk = client(gw)
+    messages = [*HISTORIES[history], {"role": "user", "content": "weather in Paris?"}]
+    got = await _drain(await sdk.chat.completions.create(model="m-8k", messages=messages, functions=FUNCTIONS, stream=True))
+    _recall_offered(scripted, history)
+    assert (got["fc_name"], got["fc_args"], got["finish"]) == ("get_weather", '{"city": "Paris"}', "function_call")
+    call = {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert _answers(gw)[-1] == {"role": "assistant", "function_call": call}
+    # The client resends the call with its result: it lands on the recorded event (one branch).
+    messages += [{"role": "assistant", "content": None, "function_call": call},
+                 {"role": "function", "name": "get_weather", "content": "22C"}]
+    reply = await sdk.chat.completions.create(model="m-8k", messages=messages, functions=FUNCTIONS)
+    assert reply.choices[0].message.content == "sunny"
+    assert scripted.chats()[-1]["messages"][-2]["function_call"] == call
+    ledger = gw.app[LEDGER]
+    (record,) = ledger.sessions()
+    assert len(ledger.heads(record.key)) == 1
+
+
+def test_two_legacy_function_calls_are_two_events():
+    """A regenerated answer that calls another function is another event (a branch), not the
+    first one under a shared content address."""
+    parent = event_id(None, {"role": "user", "content": "weather?"})
+    paris = {"role": "assistant", "content": None, "function_call": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    rome = {"role": "assistant", "content": None, "function_call": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}
+    assert event_id(parent, paris) != event_id(parent, rome)
+    # SDK noise still does not matter.
+    assert event_id(parent, {**paris, "refusal": None, "tool_calls": None}) == event_id(parent, paris)
+
+
+@pytest.mark.parametrize("history", sorted(HISTORIES))
+async def test_streamed_refusal_and_reasoning_reach_the_client_and_the_ledger(scripted, scripted_gateway, history):
+    gw = await scripted_gateway()
+    scripted.script = lambda body: Reply(events=[
+        chunk({"role": "assistant", "content": None}),
+        chunk({"reasoning_content": "the user asks for "}), chunk({"reasoning_content": "something I must not do"}),
+        chunk({"refusal": "I can't"}), chunk({"refusal": " help with that."}),
+        chunk({}, finish="stop"), "[DONE]"])
+    sdk = client(gw)
+    messages = [*HISTORIES[history], {"role": "user", "content": "do the forbidden thing"}]
+    got = await _drain(await sdk.chat.completions.create(model="m-8k", messages=messages, stream=True))
+    _recall_offered(scripted, history)
+    assert (got["refusal"], got["reasoning"], got["finish"]) == ("I can't help with that.", "the user asks for something I must not do", "stop")
+    assert _answers(gw)[-1]["refusal"] == "I can't help with that."
+
+
+@pytest.mark.parametrize("history", sorted(HISTORIES))
+async def test_parallel_client_calls_split_across_many_chunks_arrive_whole(scripted, scripted_gateway, history):
+    """Four parallel tool calls whose arguments arrive in ~25 pieces each, then usage."""
+    gw = await scripted_gateway()
+    calls = [{"id": f"call_{k}", "type": "function", "function": {"name": "fetch", "arguments": json.dumps({"q": "x" * 50, "k": k})}}
+             for k in range(4)]
+    from tests.robustness.test_new_user_rig import stream_of
+    scripted.script = lambda body: stream_of({"content": None, "tool_calls": calls}, finish="tool_calls", pieces=25)
+    tools = [{"type": "function", "function": {"name": "fetch", "parameters": {"type": "object", "properties": {}}}}]
+    sdk = client(gw)
+    messages = [*HISTORIES[history], {"role": "user", "content": "fetch four"}]
+    stream = await sdk.chat.completions.create(model="m-8k", messages=messages, tools=tools, stream=True,
+                                               stream_options={"include_usage": True})
+    got: dict[int, dict] = {}
+    usage = finish = None
+    async for event in stream:
+        usage = event.usage or usage
+        for choice in event.choices:
+            finish = choice.finish_reason or finish
+            for delta in choice.delta.tool_calls or ():
+                slot = got.setdefault(delta.index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+                slot["id"] = delta.id or slot["id"]
+                slot["function"]["name"] += delta.function.name or ""
+                slot["function"]["arguments"] += delta.function.arguments or ""
+    _recall_offered(scripted, history)
+    assert [got[i] for i in sorted(got)] == calls
+    assert finish == "tool_calls" and usage is not None and usage.prompt_tokens == 10
+    assert _answers(gw)[-1]["tool_calls"] == calls
