@@ -33,6 +33,8 @@ __all__ = ["Embedder", "HashingEmbedder", "WordLlamaEmbedder", "default_embedder
 
 logger = logging.getLogger(__name__)
 
+EMBED_BATCH = 16  # texts per WordLlama call (its own default is 64; see WordLlamaEmbedder)
+
 
 @runtime_checkable
 class Embedder(Protocol):
@@ -84,7 +86,17 @@ class WordLlamaEmbedder:
     def _embed_blocking(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        return normalise(self._loaded().embed(texts, norm=False))
+        model = self._loaded()
+        # WordLlama pads a batch to its longest text and gathers a (texts, tokens, dim) float32
+        # array, then a second one for the masked sum: 64 chunks of ~500 tokens held ~70 MB per
+        # call, in worker threads' heaps (issue 9, load). Batches of EMBED_BATCH texts of similar
+        # length keep that to a few MB; padding adds zeros only, so the vectors are the same.
+        vectors = np.empty((len(texts), self.dim), dtype=np.float32)
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        for start in range(0, len(order), EMBED_BATCH):
+            rows = order[start : start + EMBED_BATCH]
+            vectors[rows] = model.embed([texts[i] for i in rows], norm=False, batch_size=EMBED_BATCH)
+        return normalise(vectors)
 
     async def embed(self, texts: list[str]) -> np.ndarray:
         return await asyncio.to_thread(self._embed_blocking, texts)

@@ -69,6 +69,9 @@ OPEN_TABLES = 128
 # Sessions whose index is optimised at the same time (issue 9, load): each optimize() rewrites
 # fragments and merges the FTS index in native memory; 20 at once held hundreds of MB.
 MAINTAIN_CONCURRENTLY = 2
+# A search scope (`within`) of at most this many events is applied as a prefilter, a larger one
+# after retrieval (an IN list's cost grows with its length).
+PREFILTER_WITHIN = 512
 HIGH_WATER_TRACKED = 10_000  # sessions whose high-water mark is remembered (locks: a weak map)
 # LanceDB's index + metadata caches, split evenly. Its default is GiBs: they grew ~1 MB per append under load.
 CACHE_BYTES = 128 * 2**20
@@ -283,9 +286,16 @@ class SearchIndex:
         session = await self._session(session_key)
         if session is None:
             return []
+        if within is not None and not within:
+            return []
         ranking = ranking or self.ranking
         query_vector = (await self._embedder.embed([vector_query(query, ranking)]))[0]
         where = f"session_key = {_sql_string(session_key)}"
+        if within is not None and len(within) <= PREFILTER_WITHIN:
+            # A scope of a few events (one conversation's hidden part) is a prefilter: scanned
+            # after retrieval it made each leg re-query deeper and deeper, reading the whole
+            # session's rows, text included, several times per search (issue 9, load).
+            where += f" AND event_id IN ({', '.join(_sql_string(event_id) for event_id in sorted(within))})"
         depth = max(20, 4 * limit + 2 * len(exclude_event_ids))
         while True:
             text_depth = depth + ranking.text_extra
