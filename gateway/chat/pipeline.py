@@ -150,8 +150,11 @@ class ChatPipeline:
                 assembler = await self._pump(reader, response, turn)
                 if assembler.finish_reason is None and not assembler.done:
                     raise UpstreamIncomplete("The upstream's stream ended before the answer was complete.")
-                if assembler.finish_reason is not None:
-                    turn.answer = assembler.message()
+                message = assembler.message()
+                # [DONE] without a finish_reason (some servers never name one) still ends a
+                # complete answer; an empty one is not worth an event.
+                if assembler.finish_reason is not None or message.get("content") or len(message) > 2:
+                    turn.answer = message
                     turn.usage = assembler.usage
                 await self.recorder.answer(turn)  # durable before the response ends (issue 9 item 6)
                 await response.write_eof()

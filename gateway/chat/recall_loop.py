@@ -10,7 +10,9 @@ upstream call of the turn. When one response mixes client and recall calls, the 
 The loop answers requests for one choice; with ``n > 1`` the pipeline forwards the view
 without recall tools (``body_without_recall``). An upstream failure after the client's stream
 started (a later round's error status, a reset, a stall, a stream that ends without its
-finish_reason) ends the stream with an error event, and the answer is not recorded.
+finish_reason) ends the stream with an error event, and the answer is not recorded; the
+provider's own error event is told with its message, type and code. A stream that ends with
+[DONE] but no finish_reason ends the client's the same way, without one.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from aiohttp import web
 
 from gateway.chat.turn import Turn, TurnRecorder
 from gateway.chat.views import ViewBuilder
-from gateway.http.errors import GatewayError, UpstreamIncomplete, UpstreamUnreachable
+from gateway.http.errors import GatewayError, UpstreamErrorEvent, UpstreamIncomplete, UpstreamUnreachable
 from gateway.http.sse import SSEDecoder, StreamAssembler, encode_event, end_with_error
 from gateway.http.upstream import Upstream, response_headers
 from gateway.recall.auto import add_recalled_history
@@ -250,13 +252,13 @@ class RecallLoop:
                     relay.response = web.StreamResponse(status=200, headers=headers)
                     await relay.response.prepare(request)
                 assembler, finish, call_usage = await self._relay_round(reader, turn, relay, names)
-            if finish is None:
+            if finish is None and not assembler.done:
                 raise UpstreamIncomplete("The upstream's stream ended before the answer was complete.")
             usage_total = _add_usage(usage_total, call_usage)
             self._count_overhead(turn, call_usage)
             calls = assembler.message().get("tool_calls") or []
             recall, client = self._split(calls, names)
-            if recall and not client and with_recall:
+            if recall and not client and with_recall and finish is not None:
                 assistant = {"role": "assistant", "content": assembler.message().get("content"), "tool_calls": recall}
                 results = await self._execute(turn, assistant, recall)
                 turn.recall_rounds += 1
@@ -269,11 +271,14 @@ class RecallLoop:
             answer["content"] = "".join(relay.content_parts) or None
             if relay.client_calls:
                 answer["tool_calls"] = [relay.client_calls[i] for i in sorted(relay.client_calls)]
-            turn.answer = answer
+            if finish is not None or answer.get("content") or len(answer) > 2:  # [DONE] alone: only an answer with something in it
+                turn.answer = answer
             turn.usage = usage_total
             await self.recorder.answer(turn)  # durable before the client sees the end of the answer (issue 9 item 6)
             first = relay.first
-            tail = bytearray(encode_event({**first, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}]}))
+            # A provider that ended with [DONE] but named no finish_reason gets none invented.
+            tail = bytearray(encode_event({**first, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}]})
+                             if finish is not None else b"")
             if want_usage and usage_total is not None:
                 tail += encode_event({**first, "object": "chat.completion.chunk", "choices": [], "usage": usage_total})
             tail += encode_event("[DONE]")
@@ -297,6 +302,7 @@ class RecallLoop:
             out = bytearray()
             for data in decoder.feed(chunk):
                 if data == "[DONE]":
+                    assembler.done = True
                     continue
                 try:
                     event = orjson.loads(data)
@@ -304,6 +310,10 @@ class RecallLoop:
                     continue
                 if not isinstance(event, dict):
                     continue
+                if isinstance(event.get("error"), dict) and not event.get("choices"):
+                    if out:
+                        await relay.response.write(bytes(out))
+                    raise UpstreamErrorEvent(event["error"])  # told to the client as the provider said it
                 if not relay.first:
                     relay.first = {k: event.get(k) for k in ("id", "created", "model", "system_fingerprint")}
                 assembler.add(event)

@@ -9,7 +9,8 @@
     ├── PayloadTooLarge           413
     ├── UnsupportedEncoding       415 (a Content-Encoding the gateway cannot decode)
     ├── UpstreamUnreachable       502 (refused, reset, malformed)
-    │   └── UpstreamIncomplete    502 (the stream ended before its finish_reason)
+    │   ├── UpstreamIncomplete    502 (the stream ended before its finish_reason)
+    │   └── UpstreamErrorEvent    502 (the provider's error event inside a stream, relayed as it said it)
     └── UpstreamTimeout           504 (connect, first byte or idle timeout)
 
 Raised before the client's response started, an error becomes that response. Raised after a
@@ -95,6 +96,23 @@ class UpstreamUnreachable(GatewayError):
 
 class UpstreamIncomplete(UpstreamUnreachable):
     code = "upstream_incomplete"
+
+
+class UpstreamErrorEvent(UpstreamUnreachable):
+    """The provider's own ``data: {"error": ...}`` event in the middle of a stream the gateway
+    rewrites (the recall loop): told to the client with the provider's message, type and code."""
+
+    code = "upstream_error_event"
+
+    def __init__(self, error: dict) -> None:
+        message = error.get("message")
+        super().__init__(message if isinstance(message, str) else "The upstream reported an error in its stream.")
+        if isinstance(error.get("type"), str):
+            self.type = error["type"]
+        if isinstance(error.get("param"), str):
+            self.param = error["param"]
+        # The client is told the provider's code; `code` stays ours (a bounded metrics label).
+        self.told_code = error.get("code") if isinstance(error.get("code"), (str, int)) else None
 
 
 class UpstreamTimeout(GatewayError):

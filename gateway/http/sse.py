@@ -63,7 +63,8 @@ def encode_event(payload: dict | str) -> bytes:
 
 
 def error_event(error: GatewayError) -> bytes:
-    return encode_event({"error": {"message": error.message, "type": error.type, "param": error.param, "code": error.code}})
+    code = error.told_code if hasattr(error, "told_code") else error.code  # UpstreamErrorEvent: the provider's own
+    return encode_event({"error": {"message": error.message, "type": error.type, "param": error.param, "code": code}})
 
 
 async def end_with_error(response: web.StreamResponse, error: GatewayError) -> None:

@@ -119,6 +119,36 @@ async def test_streamed_refusal_and_reasoning_reach_the_client_and_the_ledger(sc
 
 
 @pytest.mark.parametrize("history", sorted(HISTORIES))
+async def test_provider_error_event_reaches_the_client_as_the_provider_said_it(scripted, scripted_gateway, history):
+    gw = await scripted_gateway()
+    error = {"message": "The server is overloaded, try again", "type": "server_error", "param": None, "code": "overloaded_x"}
+    scripted.script = lambda body: Reply(events=[chunk({"role": "assistant", "content": ""}), {"error": error}])
+    sdk = client(gw)
+    messages = [*HISTORIES[history], {"role": "user", "content": "hello"}]
+    with pytest.raises(openai.APIError) as caught:
+        await _drain(await sdk.chat.completions.create(model="m-8k", messages=messages, stream=True))
+    _recall_offered(scripted, history)
+    assert caught.value.message == error["message"]
+    assert caught.value.code == "overloaded_x"
+    assert _answers(gw)[-1]["content"].startswith("turn 23") if history == "long" else _answers(gw) == []
+    assert len(scripted.chats()) == 1
+
+
+@pytest.mark.parametrize("history", sorted(HISTORIES))
+async def test_done_without_finish_reason_ends_the_stream_normally(scripted, scripted_gateway, history):
+    """A provider that ends its stream with [DONE] but never names a finish_reason: the client
+    gets the content and a normal end of stream (no invented finish_reason, no error)."""
+    gw = await scripted_gateway()
+    scripted.script = lambda body: Reply(events=[chunk({"role": "assistant", "content": ""}), chunk({"content": "all done"}), "[DONE]"])
+    sdk = client(gw)
+    messages = [*HISTORIES[history], {"role": "user", "content": "hello"}]
+    got = await _drain(await sdk.chat.completions.create(model="m-8k", messages=messages, stream=True))
+    _recall_offered(scripted, history)
+    assert (got["content"], got["finish"]) == ("all done", None)
+    assert _answers(gw)[-1] == {"role": "assistant", "content": "all done"}
+
+
+@pytest.mark.parametrize("history", sorted(HISTORIES))
 async def test_parallel_client_calls_split_across_many_chunks_arrive_whole(scripted, scripted_gateway, history):
     """Four parallel tool calls whose arguments arrive in ~25 pieces each, then usage."""
     gw = await scripted_gateway()
