@@ -7,6 +7,10 @@ tools. The client sees one answer: in streaming mode content deltas pass through
 recall tool-call deltas never do, and the stream keeps one id with usage summed over every
 upstream call of the turn. When one response mixes client and recall calls, the client's win.
 
+An upstream that refuses tools (an error naming them, on the turn's first call, for a client
+that sent none) gets the same view again without recall tools, and that model is not offered
+them again by this process (``RecallLoop.tool_less``); proactive recall still adds passages.
+
 The loop answers requests for one choice; with ``n > 1`` the pipeline forwards the view
 without recall tools (``body_without_recall``). An upstream failure after the client's stream
 started (a later round's error status, a reset, a stall, a stream that ends without its
@@ -17,6 +21,7 @@ provider's own error event is told with its message, type and code. A stream tha
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +39,7 @@ from policies import is_recall_call, last_user_index
 from policies.messages import call_name
 
 RECALL_CHOICE_KEYS = ("tool_choice", "parallel_tool_calls")
+log = logging.getLogger("palimpsest.recall")
 
 
 def _without_recall(turn: Turn, messages: list[dict]) -> dict:
@@ -91,6 +97,7 @@ class RecallLoop:
         self.max_rounds = max_rounds
         self.metrics = metrics
         self._drop = frozenset({session_header.lower()})
+        self.tool_less: set[str] = set()  # models whose upstream refused the recall tools (per process)
 
     # -- shared ------------------------------------------------------------------------------
 
@@ -148,8 +155,35 @@ class RecallLoop:
             spent = (usage.get("prompt_tokens") or 0) + (usage.get("completion_tokens") or 0)
             self.metrics.tokens_spent_overhead.labels("recall").inc(spent)
 
+    def _with_recall(self, turn: Turn) -> bool:
+        return turn.recall_rounds < self.max_rounds and not turn.recall_refused
+
+    def _refused_tools(self, turn: Turn, status: int, payload: bytes) -> bool:
+        """Did the upstream refuse the request because of the recall tools the gateway added?
+        (vLLM without --enable-auto-tool-choice, Ollama models without tool support and llama.cpp
+        without --jinja answer any request carrying tools with an error naming them.) Only when
+        the client sent no tools of its own, on the first call of the turn: then the same view
+        is sent again without them, and the model is not offered recall tools again."""
+        if turn.recall_rounds or turn.recall_refused or status < 400 or status in (401, 403, 404, 408, 429):
+            return False
+        if turn.chat.body.get("tools") or turn.chat.body.get("functions"):
+            return False
+        return b"tool" in payload[:4096].lower()
+
+    def _refusal_confirmed(self, turn: Turn) -> None:
+        """The view went through without recall tools after the upstream refused them."""
+        model = turn.chat.model
+        if turn.recall_refused and model not in self.tool_less:
+            if len(self.tool_less) >= 1024:
+                self.tool_less.clear()
+            self.tool_less.add(model)
+            log.warning("the upstream refused tools for a model: recall tools are no longer offered to it",
+                        extra={"fields": {"model": model}})
+
     async def respond(self, request: web.Request, turn: Turn) -> web.StreamResponse:
         await add_recalled_history(self.tools, self.views, turn)  # recall.auto_tokens (gateway/recall/auto.py)
+        if turn.chat.model in self.tool_less and not (turn.chat.body.get("tools") or turn.chat.body.get("functions")):
+            turn.recall_refused = True
         try:
             if turn.chat.stream:
                 return await self._stream(request, turn)
@@ -164,7 +198,7 @@ class RecallLoop:
         messages = list(turn.view.messages)
         usage_total: dict | None = None
         while True:
-            with_recall = turn.recall_rounds < self.max_rounds
+            with_recall = self._with_recall(turn)
             body = self._body(turn, messages, with_recall, stream=False)
             t0 = time.perf_counter()
             async with self._post(request, body) as up:
@@ -173,7 +207,11 @@ class RecallLoop:
                 headers = response_headers(up.headers, decoded=True)
                 status, reason = up.status, up.reason
             if status != 200:
+                if with_recall and self._refused_tools(turn, status, payload):
+                    turn.recall_refused = True
+                    continue
                 return await self._send(request, turn, status, reason, payload, headers)
+            self._refusal_confirmed(turn)
             try:
                 data = orjson.loads(payload)
                 message = data["choices"][0]["message"]
@@ -235,7 +273,7 @@ class RecallLoop:
         want_usage = bool((turn.chat.body.get("stream_options") or {}).get("include_usage"))
         usage_total: dict | None = None
         while True:
-            with_recall = turn.recall_rounds < self.max_rounds
+            with_recall = self._with_recall(turn)
             body = self._body(turn, messages, with_recall, stream=True)
             t0 = time.perf_counter()
             async with self._post(request, body) as up:
@@ -243,9 +281,13 @@ class RecallLoop:
                 reader = self.upstream.reader(up)
                 if up.status != 200 or "text/event-stream" not in up.headers.get("Content-Type", ""):
                     payload = await reader.read()
+                    if relay.response is None and with_recall and self._refused_tools(turn, up.status, payload):
+                        turn.recall_refused = True
+                        continue
                     if relay.response is None:
                         return await self._send(request, turn, up.status, up.reason, payload, response_headers(up.headers, decoded=True))
                     raise UpstreamUnreachable(f"The upstream answered {up.status} during recall.", code=f"upstream_{up.status}")
+                self._refusal_confirmed(turn)
                 if relay.response is None:
                     headers = response_headers(up.headers, decoded=True)
                     headers.update(turn.headers)

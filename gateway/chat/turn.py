@@ -51,6 +51,7 @@ class Turn:
     recall_calls: int = 0
     recall_rounds: int = 0
     recall_matches: dict[str, str] = field(default_factory=dict)  # this turn's search hits
+    recall_refused: bool = False  # the upstream refuses tools for this model: the view goes without recall tools
     status: int = 502  # what the client was told (the error's status after a failed stream)
     failure: GatewayError | None = None  # a failure told inside an already-started stream
 
