@@ -32,7 +32,7 @@ from aiohttp import web
 from gateway.chat.turn import Turn, TurnRecorder
 from gateway.chat.views import ViewBuilder
 from gateway.http.errors import GatewayError, UpstreamErrorEvent, UpstreamIncomplete, UpstreamUnreachable
-from gateway.http.sse import SSEDecoder, StreamAssembler, encode_event, end_with_error
+from gateway.http.sse import SSEDecoder, StreamAssembler, ToolCallIndexer, encode_event, end_with_error
 from gateway.http.upstream import Upstream, response_headers
 from gateway.recall.auto import add_recalled_history
 from policies import is_recall_call, last_user_index
@@ -331,7 +331,7 @@ class RecallLoop:
     async def _relay_round(self, reader, turn: Turn, relay: "_Relay", names) -> tuple[StreamAssembler, str | None, dict | None]:
         """Relay one upstream stream's chunks as the client's view of them; returns the
         rebuilt message, choice 0's finish_reason (None: the stream ended early) and usage."""
-        decoder, assembler = SSEDecoder(), StreamAssembler()
+        decoder, assembler, indexer = SSEDecoder(), StreamAssembler(), ToolCallIndexer()
         recall_idx: set[int] = set()
         finish: str | None = None
         call_usage = None
@@ -358,6 +358,7 @@ class RecallLoop:
                     raise UpstreamErrorEvent(event["error"])  # told to the client as the provider said it
                 if not relay.first:
                     relay.first = {k: event.get(k) for k in ("id", "created", "model", "system_fingerprint")}
+                indexer.number(event)  # tool-call deltas without an index get one: the assembler's and the client's
                 assembler.add(event)
                 if event.get("usage"):
                     call_usage = event["usage"]
@@ -397,6 +398,7 @@ class RecallLoop:
                 fn = call.get("function") or {}
                 slot["function"]["name"] += fn.get("name") or ""
                 slot["function"]["arguments"] += fn.get("arguments") or ""
+                slot.update((k, v) for k, v in call.items() if k not in ("index", "id", "type", "function") and v is not None)
             if kept_calls:
                 delta["tool_calls"] = kept_calls
             if delta.get("content"):

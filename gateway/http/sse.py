@@ -76,6 +76,41 @@ async def end_with_error(response: web.StreamResponse, error: GatewayError) -> N
         await response.write_eof()
 
 
+class ToolCallIndexer:
+    """The index of each tool-call delta of one choice. Gemini's OpenAI-compatible stream (and
+    some other servers) omit it; read as 0, parallel calls merged into one with both names and
+    arguments. Without an index, a delta with a new id opens the next call and one without an id
+    continues the call opened last."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, int] = {}
+        self._last: int | None = None
+        self._next = 0
+
+    def index(self, call: dict) -> int:
+        idx = call.get("index")
+        call_id = call.get("id")
+        if not isinstance(idx, int) or isinstance(idx, bool):
+            if isinstance(call_id, str) and call_id in self._by_id:
+                idx = self._by_id[call_id]
+            elif call_id or self._last is None:
+                idx = self._next
+            else:
+                idx = self._last
+        if isinstance(call_id, str) and call_id:
+            self._by_id.setdefault(call_id, idx)
+        self._last, self._next = idx, max(self._next, idx + 1)
+        return idx
+
+    def number(self, chunk: dict) -> None:
+        """Give choice 0's tool-call deltas in `chunk` their index, in place."""
+        for choice in chunk.get("choices") or ():
+            if isinstance(choice, dict) and choice.get("index", 0) == 0:
+                for call in (choice.get("delta") or {}).get("tool_calls") or ():
+                    if isinstance(call, dict):
+                        call["index"] = self.index(call)
+
+
 class StreamAssembler:
     """Rebuilds choice 0's message (content, refusal, tool calls, a legacy function_call), the
     finish reason and usage from chat.completion.chunk events."""
@@ -89,6 +124,7 @@ class StreamAssembler:
         self.refusal: list[str] = []
         self.function_call: dict[str, str] | None = None  # legacy `functions` answers
         self.tool_calls: dict[int, dict[str, Any]] = {}
+        self._indexer = ToolCallIndexer()
         self.finish_reason: str | None = None
         self.usage: dict | None = None
         self.done = False
@@ -117,7 +153,10 @@ class StreamAssembler:
                 self.finish_reason = choice["finish_reason"]
 
     def add_tool_call_delta(self, call: dict) -> None:
-        slot = self.tool_calls.setdefault(call.get("index", 0), {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+        slot = self.tool_calls.setdefault(self._indexer.index(call), {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+        for key, value in call.items():  # what a provider attaches to a call (Gemini's thought signature) goes back with it
+            if key not in ("index", "id", "type", "function") and value is not None:
+                slot[key] = value
         if call.get("id"):
             slot["id"] = call["id"]
         if call.get("type"):

@@ -176,3 +176,54 @@ async def test_parallel_client_calls_split_across_many_chunks_arrive_whole(scrip
     assert [got[i] for i in sorted(got)] == calls
     assert finish == "tool_calls" and usage is not None and usage.prompt_tokens == 10
     assert _answers(gw)[-1]["tool_calls"] == calls
+
+
+def _gemini_call(call_id: str, name: str, arguments: str) -> dict:
+    """A tool-call delta as Gemini's OpenAI-compatible stream sends it: no index, the whole
+    call at once, a thought signature the next request must carry back."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments},
+            "extra_content": {"google": {"thought_signature": f"sig-{call_id}"}}}
+
+
+@pytest.mark.parametrize("history", sorted(HISTORIES))
+async def test_parallel_tool_calls_without_index_stay_apart(scripted, scripted_gateway, history):
+    """Two parallel calls, each in its own chunk and neither with an index, finished with
+    "stop": two calls for the client and the ledger, not one with both names and arguments."""
+    gw = await scripted_gateway()
+    calls = [_gemini_call("g1", "fetch", '{"q": "paris"}'), _gemini_call("g2", "fetch", '{"q": "rome"}')]
+    scripted.script = lambda body: Reply(events=[
+        chunk({"role": "assistant", "tool_calls": [calls[0]]}), chunk({"tool_calls": [calls[1]]}), chunk({}, finish="stop"), "[DONE]"])
+    tools = [{"type": "function", "function": {"name": "fetch", "parameters": {"type": "object", "properties": {}}}}]
+    sdk = client(gw)
+    messages = [*HISTORIES[history], {"role": "user", "content": "fetch both"}]
+    got: dict[Any, dict] = {}
+    async for event in await sdk.chat.completions.create(model="m-8k", messages=messages, tools=tools, stream=True):
+        for choice in event.choices:
+            for delta in choice.delta.tool_calls or ():
+                got.setdefault(delta.index if history == "long" else delta.id, {"id": delta.id, "args": ""})["args"] += delta.function.arguments or ""
+    _recall_offered(scripted, history)
+    assert sorted((g["id"], g["args"]) for g in got.values()) == [("g1", '{"q": "paris"}'), ("g2", '{"q": "rome"}')]
+    if history == "long":  # the gateway rewrites the chunks: they get the index they lacked
+        assert sorted(got) == [0, 1]
+    recorded = _answers(gw)[-1]["tool_calls"]
+    assert [(c["id"], c["function"]["arguments"], c["extra_content"]) for c in recorded] == \
+        [(c["id"], c["function"]["arguments"], c["extra_content"]) for c in calls]
+
+
+async def test_recall_call_without_index_goes_back_with_its_thought_signature(scripted, scripted_gateway):
+    """The recall round's call, resent in the next upstream request, keeps what the provider
+    attached to it (Gemini rejects a function call that lost its thought signature)."""
+    gw = await scripted_gateway()
+
+    def script(body: dict) -> Reply:
+        if body["messages"][-1]["role"] == "tool":
+            return Reply(events=[chunk({"role": "assistant", "content": "found it"}), chunk({}, finish="stop"), "[DONE]"])
+        return Reply(events=[chunk({"role": "assistant", "tool_calls": [_gemini_call("r1", "session_search", '{"query": "turn 3"}')]}),
+                             chunk({}, finish="stop"), "[DONE]"])
+
+    scripted.script = script
+    got = await _drain(await client(gw).chat.completions.create(model="m-8k", messages=[*LONG, {"role": "user", "content": "turn 3?"}], stream=True))
+    assert got["content"] == "found it"
+    resent = scripted.chats()[1]["messages"]
+    call = next(m for m in resent if m.get("tool_calls"))["tool_calls"][0]
+    assert call["id"] == "r1" and call["extra_content"] == {"google": {"thought_signature": "sig-r1"}}
