@@ -265,7 +265,7 @@ def main() -> None:
     parser.add_argument("--scope", action="store_true", help="searches limited to one agent's hidden events, as proactive recall's")
     parser.add_argument("--agents", type=int, default=10, help="agents (conversations) per session, for --scope")
     parser.add_argument("--embedder", choices=("wordllama", "hashing"), default="wordllama")
-    parser.add_argument("--cache-mb", type=int, default=128, help="LanceDB Session cache bound (recall.index_cache_mb)")
+    parser.add_argument("--cache-mb", type=int, default=32, help="LanceDB Session cache bound (recall.index_cache_mb)")
     parser.add_argument("--reopen-every", type=int, default=0, help="close and reopen the whole index every N adds (0: never)")
     parser.add_argument("--maintain-after-adds", type=int)
     parser.add_argument("--maintain-after-rows", type=int)

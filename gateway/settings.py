@@ -129,7 +129,7 @@ class RecallSettings(_Section):
     index_access_key_id: SecretStr = Field(SecretStr(""), description="S3 access key for index_uri; empty = the environment's credentials.")
     index_secret_access_key: SecretStr = Field(SecretStr(""), description="S3 secret key for index_uri.")
     index_cache_mb: int = Field(
-        128, ge=1, description="Memory bound of LanceDB's index and metadata caches (split evenly); its own default is GiBs."
+        32, ge=1, description="Memory bound of LanceDB's index and metadata caches (split evenly); its own default is GiBs."
     )
     index_batch_s: float = Field(
         1.0, ge=0, description="Background indexing after a turn waits this long, so a busy session's turns go into one "

@@ -74,7 +74,9 @@ MAINTAIN_CONCURRENTLY = 2
 PREFILTER_WITHIN = 512
 HIGH_WATER_TRACKED = 10_000  # sessions whose high-water mark is remembered (locks: a weak map)
 # LanceDB's index + metadata caches, split evenly. Its default is GiBs: they grew ~1 MB per append under load.
-CACHE_BYTES = 128 * 2**20
+# Under writes they fill with old versions' metadata: 20 sessions' searches used ~9 MB, and a 32 MB
+# cap left search latency as at 128 MB (bench/lance_memory.py, issue 9).
+CACHE_BYTES = 32 * 2**20
 # Old table versions are garbage once no query can still be reading them.
 _KEEP_OLD_VERSIONS = timedelta(minutes=1)
 _COLUMNS = ["event_id", "chunk", "seq", "role", "created", "parent", "text"]
