@@ -69,13 +69,10 @@ OPEN_TABLES = 128
 # Sessions whose index is optimised at the same time (issue 9, load): each optimize() rewrites
 # fragments and merges the FTS index in native memory; 20 at once held hundreds of MB.
 MAINTAIN_CONCURRENTLY = 2
-# A search scope (`within`) of at most this many events is applied as a prefilter, a larger one
-# after retrieval (an IN list's cost grows with its length).
-PREFILTER_WITHIN = 512
+PREFILTER_WITHIN = 512  # a search scope (`within`) up to this size is a prefilter, a larger one a post-filter
 HIGH_WATER_TRACKED = 10_000  # sessions whose high-water mark is remembered (locks: a weak map)
 # LanceDB's index + metadata caches, split evenly. Its default is GiBs: they grew ~1 MB per append under load.
-# Under writes they fill with old versions' metadata: 20 sessions' searches used ~9 MB, and a 32 MB
-# cap left search latency as at 128 MB (bench/lance_memory.py, issue 9).
+# Under writes they fill with old versions' metadata; searches of 20 sessions used ~9 MB (bench/lance_memory.py).
 CACHE_BYTES = 32 * 2**20
 # Old table versions are garbage once no query can still be reading them.
 _KEEP_OLD_VERSIONS = timedelta(minutes=1)
@@ -294,9 +291,8 @@ class SearchIndex:
         query_vector = (await self._embedder.embed([vector_query(query, ranking)]))[0]
         where = f"session_key = {_sql_string(session_key)}"
         if within is not None and len(within) <= PREFILTER_WITHIN:
-            # A scope of a few events (one conversation's hidden part) is a prefilter: scanned
-            # after retrieval it made each leg re-query deeper and deeper, reading the whole
-            # session's rows, text included, several times per search (issue 9, load).
+            # Filtered after retrieval, a few events' scope made each leg re-query deeper and deeper,
+            # reading the whole session's rows, text included, several times (issue 9, load).
             where += f" AND event_id IN ({', '.join(_sql_string(event_id) for event_id in sorted(within))})"
         depth = max(20, 4 * limit + 2 * len(exclude_event_ids))
         while True:
@@ -371,10 +367,11 @@ class SearchIndex:
             try:
                 await table.create_index("text", config=FTS())  # a crash interrupted _create
             except RuntimeError:
-                if not self._shared:
+                # LanceDB refused a second CreateIndex: another open (a search racing an add, another
+                # replica) built it. Searches scan unindexed rows until a shared index's is done.
+                await table.checkout_latest()
+                if not (self._shared or any(i.index_type == "FTS" for i in await table.list_indices())):
                     raise
-                # Shared index: the replica that created the table is building it right now
-                # (LanceDB refuses the second CreateIndex); searches scan unindexed rows meanwhile.
         return self._remember(session_key, _Session(table))
 
     async def _create(self, session_key: str, batch: pa.Table) -> None:

@@ -1,6 +1,7 @@
 """What keeps the recall index's working memory bounded under load (issue 9): scoped searches
 prefilter instead of re-querying deeper and deeper, and embeddings go in bounded batches."""
 
+import asyncio
 import random
 
 import numpy as np
@@ -106,3 +107,22 @@ async def test_wordllama_embeds_in_bounded_batches_with_the_same_vectors(embedde
 
     assert max(seen) <= embedders.EMBED_BATCH and sum(seen) == len(texts)
     np.testing.assert_allclose(together, alone, rtol=1e-6, atol=1e-7)  # same rows, in the caller's order
+
+
+async def test_concurrent_opens_of_a_table_without_its_text_index_build_it_once(index):
+    # A crash between creating a session's table and its BM25 index leaves it without one; the
+    # next opens (two searches at once, or a search racing an add) each try to build it, and
+    # LanceDB refuses the second CreateIndex. Found by bench/lance_memory.py.
+    events, ours = session_of_many_conversations()
+    await index.add("s", events)
+    table = index._open["s"].table
+    for built in await table.list_indices():
+        await table.drop_index(built.name)
+    index._open.clear()
+
+    results = await asyncio.gather(*(index.search("s", "when do I water the garden", limit=3, within=ours)
+                                     for _ in range(4)))
+
+    assert all(hits and hits[0].event_id == "o2" for hits in results)
+    reopened = await index._session("s")
+    assert [i.index_type for i in await reopened.table.list_indices()] == ["FTS"]
