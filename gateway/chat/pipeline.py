@@ -21,7 +21,7 @@ from aiohttp import web
 
 from gateway.chat import offload
 from gateway.chat.recall_loop import RecallLoop, body_without_recall
-from gateway.chat.turn import Timing, Turn, TurnRecorder
+from gateway.chat.turn import Timing, Turn, TurnRecorder, clean_usage
 from gateway.chat.views import View, ViewBuilder
 from gateway.http.errors import GatewayError, UpstreamIncomplete
 from gateway.http.identity import Identity
@@ -155,7 +155,7 @@ class ChatPipeline:
                 # complete answer; an empty one is not worth an event.
                 if assembler.finish_reason is not None or message.get("content") or len(message) > 2:
                     turn.answer = message
-                    turn.usage = assembler.usage
+                    turn.usage = clean_usage(assembler.usage)
                 await self.recorder.answer(turn)  # durable before the response ends (issue 9 item 6)
                 await response.write_eof()
         except GatewayError as exc:
@@ -196,7 +196,7 @@ def _learn(turn: Turn, payload: bytes) -> None:
     try:
         data = orjson.loads(payload)
         choice = data["choices"][0]
-        turn.usage = data.get("usage")
+        turn.usage = clean_usage(data.get("usage"))
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
         return
     if isinstance(choice, dict) and choice.get("finish_reason") and isinstance(choice.get("message"), dict):

@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.chat.turn import Turn, TurnRecorder
+from gateway.chat.turn import Turn, TurnRecorder, clean_usage
 from gateway.chat.views import ViewBuilder
 from gateway.http.errors import GatewayError, UpstreamErrorEvent, UpstreamIncomplete, UpstreamUnreachable
 from gateway.http.sse import SSEDecoder, StreamAssembler, ToolCallIndexer, encode_event, end_with_error
@@ -60,11 +60,12 @@ def body_without_recall(turn: Turn, messages: list[dict]) -> bytes:
     return orjson.dumps(_without_recall(turn, messages))
 
 
-def _add_usage(total: dict | None, usage: dict | None) -> dict | None:
+def _add_usage(total: dict | None, usage) -> dict | None:
+    usage = clean_usage(usage)  # a provider's odd counts (strings, negatives) never break the sum
     if not usage:
         return total
     if total is None:
-        return orjson.loads(orjson.dumps(usage))
+        return usage
     for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
         total[key] = (total.get(key) or 0) + (usage.get(key) or 0)
     for group in ("prompt_tokens_details", "completion_tokens_details"):
@@ -151,6 +152,7 @@ class RecallLoop:
     def _count_overhead(self, turn: Turn, usage: dict | None) -> None:
         """Every upstream call of a turn after the first exists because of recall: its tokens
         are the gateway's cost, set against the tokens it saved."""
+        usage = clean_usage(usage)
         if usage and turn.recall_rounds > 0:
             spent = (usage.get("prompt_tokens") or 0) + (usage.get("completion_tokens") or 0)
             self.metrics.tokens_spent_overhead.labels("recall").inc(spent)

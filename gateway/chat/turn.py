@@ -24,6 +24,37 @@ log = logging.getLogger("palimpsest.chat")
 ROUTE = "chat"
 
 
+USAGE_DETAILS = ("prompt_tokens_details", "completion_tokens_details")
+
+
+def _count(value) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)) and value >= 0 and value == value and value != float("inf"):
+        return int(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return None
+
+
+def clean_usage(usage) -> dict | None:
+    """A provider's ``usage`` as counts the gateway can add and count: non-negative integers
+    only (numbers sent as strings read as numbers), the two details objects likewise; anything
+    else dropped. None when it is not an object at all."""
+    if not isinstance(usage, dict):
+        return None
+    out: dict = {}
+    for key, value in usage.items():
+        if key in USAGE_DETAILS:
+            if isinstance(value, dict):
+                details = {k: n for k, v in value.items() if (n := _count(v)) is not None}
+                if details:
+                    out[key] = details
+        elif (n := _count(value)) is not None:
+            out[key] = n
+    return out
+
+
 @dataclass(slots=True)
 class Timing:
     """Where the time of one request went; overhead = total - upstream."""
