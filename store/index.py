@@ -30,13 +30,15 @@ queue behind it. No vector index: a flat scan of a few thousand rows is exact an
 
 Ranking and scope
 -----------------
-Both legs return chunks; `store.ranking.fuse` collapses them to events and fuses them. A search
-may be limited to some events (`within`: the request's own path, so another conversation that
-shares the session never shows up, not even through a neighbour's score) and may skip some
-(`exclude`: what the model already sees). Both are applied after retrieval, re-querying deeper
-when they ate into the top: a `NOT IN (...)` prefilter measured 8 ms for 200 ids and 46 ms for
-2,000 on the vector leg. `indexed_seq` is synchronous, on the request path: the first call per
-session per process reads the table once (a few ms, blocking), later calls are a dict lookup.
+Both legs (`store/index_legs.py`) return chunks; `store.ranking.fuse` collapses them to events and
+fuses them. A search may be limited to some events (`within`: the request's own path, so another
+conversation that shares the session never shows up, not even through a neighbour's score) and
+may skip some (`exclude`: what the model already sees). A scope of up to `PREFILTER_WITHIN`
+events is a prefilter inside LanceDB; a larger scope and the exclusions are applied after
+retrieval, re-querying deeper when they ate into the top (a `NOT IN (...)` prefilter measured
+8 ms for 200 ids and 46 ms for 2,000 on the vector leg). `indexed_seq` is synchronous, on the
+request path: the first call per session per process reads the table once (a few ms, blocking),
+later calls are a dict lookup.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from lancedb.index import FTS
 
 from store.chunking import split_chunks
 from store.embedders import Embedder
+from store.index_legs import retrieve, scope_filter, sql_string
 from store.ranking import Hit, Ranking, fuse, text_query, vector_query
 
 __all__ = ["Hit", "IndexedEvent", "Ranking", "SearchIndex"]
@@ -69,7 +72,6 @@ OPEN_TABLES = 128
 # Sessions whose index is optimised at the same time (issue 9, load): each optimize() rewrites
 # fragments and merges the FTS index in native memory; 20 at once held hundreds of MB.
 MAINTAIN_CONCURRENTLY = 2
-PREFILTER_WITHIN = 512  # a search scope (`within`) up to this size is a prefilter, a larger one a post-filter
 HIGH_WATER_TRACKED = 10_000  # sessions whose high-water mark is remembered (locks: a weak map)
 # LanceDB's index + metadata caches, split evenly. Its default is GiBs: they grew ~1 MB per append under load.
 # Under writes they fill with old versions' metadata; searches of 20 sessions used ~9 MB (bench/lance_memory.py).
@@ -101,10 +103,6 @@ class _Session:
 
 def _table_name(session_key: str) -> str:
     return "session_" + hashlib.sha256(session_key.encode()).hexdigest()[:40]
-
-
-def _sql_string(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
 
 
 class SearchIndex:
@@ -289,28 +287,12 @@ class SearchIndex:
             return []
         ranking = ranking or self.ranking
         query_vector = (await self._embedder.embed([vector_query(query, ranking)]))[0]
-        where = f"session_key = {_sql_string(session_key)}"
-        if within is not None and len(within) <= PREFILTER_WITHIN:
-            # Filtered after retrieval, a few events' scope made each leg re-query deeper and deeper,
-            # reading the whole session's rows, text included, several times (issue 9, load).
-            where += f" AND event_id IN ({', '.join(_sql_string(event_id) for event_id in sorted(within))})"
+        where = scope_filter(session_key, within)
         depth = max(20, 4 * limit + 2 * len(exclude_event_ids))
         while True:
             text_depth = depth + ranking.text_extra
-            text_rows, vector_rows = await asyncio.gather(
-                session.table.query()
-                .nearest_to_text(text_query(query, ranking), columns="text")
-                .where(where)
-                .select([*_COLUMNS, "_score"])
-                .limit(text_depth)
-                .to_list(),
-                session.table.query()
-                .nearest_to(query_vector)
-                .distance_type("dot")
-                .where(where)
-                .select([*_COLUMNS, "_distance"])
-                .limit(depth)
-                .to_list(),
+            text_rows, vector_rows = await retrieve(
+                session.table, where, text_query(query, ranking), query_vector, _COLUMNS, depth, text_depth
             )
             legs = [
                 rows if within is None else [row for row in rows if row["event_id"] in within]
@@ -405,10 +387,10 @@ class SearchIndex:
     ) -> set[str]:
         if session is None or not event_ids:
             return set()
-        wanted = ", ".join(_sql_string(event_id) for event_id in event_ids)
+        wanted = ", ".join(sql_string(event_id) for event_id in event_ids)
         rows = await (
             session.table.query()
-            .where(f"session_key = {_sql_string(session_key)} AND event_id IN ({wanted})")
+            .where(f"session_key = {sql_string(session_key)} AND event_id IN ({wanted})")
             .select(["event_id"])
             .to_arrow()
         )

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import store.embedders as embedders
-import store.index as index_module
+import store.index_legs as index_module
 from store.embedders import WordLlamaEmbedder
 from store.index import IndexedEvent, SearchIndex
 

@@ -1,0 +1,58 @@
+"""The two legs of a recall search as LanceDB queries, and the filter that scopes them.
+
+`store.index.SearchIndex.search` runs both at the same depth (BM25 a little deeper, see
+`Ranking.text_extra`) and fuses them with `store.ranking.fuse`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import lancedb
+
+__all__ = ["PREFILTER_WITHIN", "retrieve", "scope_filter", "sql_string"]
+
+# A search scope (`within`) up to this size is a prefilter inside LanceDB, a larger one a
+# post-filter: filtered after retrieval, a few events' scope made each leg re-query deeper and
+# deeper, reading the whole session's rows, text included, several times (issue 9, load).
+PREFILTER_WITHIN = 512
+
+
+def sql_string(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def scope_filter(session_key: str, within: frozenset[str] | None) -> str:
+    """The WHERE clause of both legs: the session (a second lock beside the per-session table)
+    and, when small enough, the scope."""
+    where = f"session_key = {sql_string(session_key)}"
+    if within is not None and len(within) <= PREFILTER_WITHIN:
+        where += f" AND event_id IN ({', '.join(sql_string(event_id) for event_id in sorted(within))})"
+    return where
+
+
+async def retrieve(
+    table: lancedb.table.AsyncTable,
+    where: str,
+    text: str,
+    vector,
+    columns: list[str],
+    depth: int,
+    text_depth: int,
+) -> tuple[list[dict], list[dict]]:
+    """(BM25 rows with `_score`, vector rows with `_distance`), best first, run concurrently."""
+    return await asyncio.gather(
+        table.query()
+        .nearest_to_text(text, columns="text")
+        .where(where)
+        .select([*columns, "_score"])
+        .limit(text_depth)
+        .to_list(),
+        table.query()
+        .nearest_to(vector)
+        .distance_type("dot")
+        .where(where)
+        .select([*columns, "_distance"])
+        .limit(depth)
+        .to_list(),
+    )
