@@ -29,10 +29,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.chat.turn import Turn, TurnRecorder, clean_usage
+from gateway.chat.turn import Turn, TurnRecorder, add_usage, clean_usage
 from gateway.chat.views import ViewBuilder
 from gateway.http.errors import GatewayError, UpstreamErrorEvent, UpstreamIncomplete, UpstreamUnreachable
-from gateway.http.sse import SSEDecoder, StreamAssembler, ToolCallIndexer, encode_event, end_with_error
+from gateway.http.sse import SSEDecoder, StreamAssembler, ToolCallIndexer, encode_event, end_with_error, readable_chunk, readable_completion
 from gateway.http.upstream import Upstream, response_headers
 from gateway.recall.auto import add_recalled_history
 from policies import is_recall_call, last_user_index
@@ -58,22 +58,6 @@ def _without_recall(turn: Turn, messages: list[dict]) -> dict:
 def body_without_recall(turn: Turn, messages: list[dict]) -> bytes:
     """The request body with `messages` and the client's own tools only."""
     return orjson.dumps(_without_recall(turn, messages))
-
-
-def _add_usage(total: dict | None, usage) -> dict | None:
-    usage = clean_usage(usage)  # a provider's odd counts (strings, negatives) never break the sum
-    if not usage:
-        return total
-    if total is None:
-        return usage
-    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
-        total[key] = (total.get(key) or 0) + (usage.get(key) or 0)
-    for group in ("prompt_tokens_details", "completion_tokens_details"):
-        for key, value in (usage.get(group) or {}).items():
-            if isinstance(value, int):
-                bucket = total.setdefault(group, {})
-                bucket[key] = (bucket.get(key) or 0) + value
-    return total
 
 
 @dataclass(slots=True)
@@ -219,7 +203,9 @@ class RecallLoop:
                 message = data["choices"][0]["message"]
             except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
                 return await self._send(request, turn, status, reason, payload, headers)
-            usage_total = _add_usage(usage_total, data.get("usage"))
+            if not readable_completion(data):  # relayed as it came, like the plain relay would
+                return await self._send(request, turn, status, reason, payload, headers)
+            usage_total = add_usage(usage_total, data.get("usage"))
             self._count_overhead(turn, data.get("usage"))
             recall, client = self._split(message.get("tool_calls") or [], names)
             if recall and not client and with_recall:
@@ -298,7 +284,7 @@ class RecallLoop:
                 assembler, finish, call_usage = await self._relay_round(reader, turn, relay, names)
             if finish is None and not assembler.done:
                 raise UpstreamIncomplete("The upstream's stream ended before the answer was complete.")
-            usage_total = _add_usage(usage_total, call_usage)
+            usage_total = add_usage(usage_total, call_usage)
             self._count_overhead(turn, call_usage)
             calls = assembler.message().get("tool_calls") or []
             recall, client = self._split(calls, names)
@@ -352,8 +338,8 @@ class RecallLoop:
                     event = orjson.loads(data)
                 except orjson.JSONDecodeError:
                     continue
-                if not isinstance(event, dict):
-                    continue
+                if not isinstance(event, dict) or not readable_chunk(event):
+                    continue  # what the gateway cannot read it cannot rewrite: left out, the stream goes on
                 if isinstance(event.get("error"), dict) and not event.get("choices"):
                     if out:
                         await relay.response.write(bytes(out))

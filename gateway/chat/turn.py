@@ -55,6 +55,23 @@ def clean_usage(usage) -> dict | None:
     return out
 
 
+def add_usage(total: dict | None, usage) -> dict | None:
+    """`usage` added into `total` (a copy on the first call), over every upstream call of a turn."""
+    usage = clean_usage(usage)  # a provider's odd counts (strings, negatives) never break the sum
+    if not usage:
+        return total
+    if total is None:
+        return usage
+    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        total[key] = (total.get(key) or 0) + (usage.get(key) or 0)
+    for group in ("prompt_tokens_details", "completion_tokens_details"):
+        for key, value in (usage.get(group) or {}).items():
+            if isinstance(value, int):
+                bucket = total.setdefault(group, {})
+                bucket[key] = (bucket.get(key) or 0) + value
+    return total
+
+
 @dataclass(slots=True)
 class Timing:
     """Where the time of one request went; overhead = total - upstream."""

@@ -76,6 +76,57 @@ async def end_with_error(response: web.StreamResponse, error: GatewayError) -> N
         await response.write_eof()
 
 
+def _text_or_none(value) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _readable_call(call) -> bool:
+    if not isinstance(call, dict):
+        return False
+    fn = call.get("function")
+    return fn is None or (isinstance(fn, dict) and _text_or_none(fn.get("name")) and _text_or_none(fn.get("arguments")))
+
+
+def readable_chunk(chunk: dict) -> bool:
+    """Is `chunk` shaped like a chat.completion.chunk where the gateway reads it (choices,
+    deltas, content, refusal, tool and function calls, finish reasons)? One that is not is left
+    out by the code that rewrites streams, never a crash in the middle of the client's stream."""
+    choices = chunk.get("choices")
+    if choices is None:
+        return True
+    if not isinstance(choices, list):
+        return False
+    for choice in choices:
+        if not isinstance(choice, dict) or not _text_or_none(choice.get("finish_reason")):
+            return False
+        delta = choice.get("delta")
+        if delta is None:
+            continue
+        if not isinstance(delta, dict) or not all(_text_or_none(delta.get(k)) for k in ("role", "content", "refusal")):
+            return False
+        calls = delta.get("tool_calls")
+        if calls is not None and not (isinstance(calls, list) and all(_readable_call(c) for c in calls)):
+            return False
+        if delta.get("function_call") is not None and not _readable_call({"function": delta["function_call"]}):
+            return False
+    return True
+
+
+def readable_completion(data: dict) -> bool:
+    """Choices the loop can read and rewrite: objects whose message is an object with, if any,
+    a list of tool calls."""
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return False
+    for choice in choices:
+        if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
+            return False
+        calls = choice["message"].get("tool_calls")
+        if calls is not None and not isinstance(calls, list):
+            return False
+    return True
+
+
 class ToolCallIndexer:
     """The index of each tool-call delta of one choice. Gemini's OpenAI-compatible stream (and
     some other servers) omit it; read as 0, parallel calls merged into one with both names and
