@@ -43,6 +43,8 @@ def count_prompt(body: dict[str, Any]) -> int:
     tokens = sum(count_message(m) for m in body["messages"]) + 3
     if body.get("tools"):
         tokens += count_text(orjson.dumps(body["tools"]).decode())
+    if body.get("functions"):  # legacy function definitions are prompt too
+        tokens += count_text(orjson.dumps(body["functions"]).decode())
     return tokens
 
 

@@ -115,8 +115,7 @@ class ViewBuilder:
         policy = self.policy_for(chat.model, ref)
         window = await self.windows.window(chat.model, auth)
         budget = max(1, window - chat.max_output_tokens - policy.reserve_tokens)
-        client_tools = chat.body.get("tools")
-        tools_tokens = self.counter.count_tools(client_tools)
+        tools_tokens = self._tool_tokens(chat, chat.body.get("tools"))
         keys = [None] * len(chat.instructions) + list(chat.ids)
         raw_estimate = self.counter.count_messages(chat.instructions + chat.history, keys) + tools_tokens
         client_tokens = self.calibration.scale(chat.model, raw_estimate)
@@ -171,7 +170,7 @@ class ViewBuilder:
     def refit(self, chat: ChatRequest, messages: list[dict], tools: list[dict] | None, budget: int) -> list[dict] | None:
         """`messages` fitted to `budget` again (the recall loop grows the view each round);
         None when even tailoring cannot make them fit."""
-        fixed = self.counter.count_tools(tools)
+        fixed = self._tool_tokens(chat, tools)
         if self.calibration.scale(chat.model, self.counter.count_messages(messages) + fixed) <= budget:
             return messages
         raw_budget = int(budget / self.calibration.factor(chat.model))
@@ -195,7 +194,7 @@ class ViewBuilder:
         names = recall_tool_names(chat.body.get("tools")) if policy.recall else None
         load_tool = names[1] if names else "session_load"
         rounds, raw, compacted = round_sizes(chat.history, chat.ids, policy, self.counter, load_tool)
-        fixed = self.counter.count_messages(chat.instructions) + self.counter.count_tools(chat.body.get("tools"))
+        fixed = self.counter.count_messages(chat.instructions) + self._tool_tokens(chat, chat.body.get("tools"))
         if names:
             fixed += self._recall_cost(names)
         marks = [CheckpointMark(pos, max(pos, positions.get((cp.meta or {}).get("after"), pos)),
@@ -246,10 +245,18 @@ class ViewBuilder:
         else:
             names = None
         messages = project_view(chat.instructions, compacted, block, policy.injection)
-        tokens = self.counter.count_messages(messages) + self.counter.count_tools(tools)
+        tokens = self.counter.count_messages(messages) + self._tool_tokens(chat, tools)
         return Projection(messages, tools, names, self.calibration.scale(chat.model, tokens), frozenset(hidden),
                           checkpoint, stats.replaced, stats.truncated, raw_tokens=tokens, compacted_tokens=stats.compacted_tokens,
                           raw_tail_tokens=stats.raw_tail_tokens)
+
+    def _tool_tokens(self, chat: ChatRequest, tools: list[dict] | None) -> int:
+        """What the request's tool definitions cost: `tools`, and legacy `functions`, which the
+        provider reads as tools too."""
+        functions = chat.body.get("functions")
+        if isinstance(functions, list) and functions:
+            tools = [*(tools or []), *({"type": "function", "function": f} for f in functions)]
+        return self.counter.count_tools(tools)
 
     def _recall_cost(self, names: tuple[str, str]) -> int:
         """Tokens the recall note and tools add once anything is hidden (constant per name pair)."""
@@ -264,7 +271,7 @@ class ViewBuilder:
             return projection
         factor = self.calibration.factor(chat.model)
         raw_budget = int(budget / factor)
-        fixed = self.counter.count_tools(projection.tools)
+        fixed = self._tool_tokens(chat, projection.tools)
         truncate_last = policy.truncate_last_message
         try:
             messages, stats = tailor(projection.messages, raw_budget, self.counter, fixed_tokens=fixed,
@@ -291,7 +298,7 @@ class ViewBuilder:
             lead = next((i for i, m in enumerate(messages) if m.get("role") not in ("system", "developer")), len(messages))
             with_note = [*messages[:lead], {"role": "system", "content": recall_note(*names)}, *messages[lead:]]
             try:
-                fitted, more = tailor(with_note, raw_budget, self.counter, fixed_tokens=self.counter.count_tools(tools),
+                fitted, more = tailor(with_note, raw_budget, self.counter, fixed_tokens=self._tool_tokens(chat, tools),
                                       truncate_last=truncate_last)
             except ContextOverflow:
                 fitted = None  # recall does not fit as well: send the tailored view without it

@@ -262,3 +262,26 @@ async def _metrics(gw) -> str:
     async with aiohttp.ClientSession() as s:
         async with s.get(gw.root + "/metrics") as r:
             return await r.text()
+
+
+async def test_legacy_functions_count_against_the_window(gateway, upstream):
+    """A client on the legacy `functions` API: their schemas are prompt, so the view is fitted
+    with them (they were not counted, and a view that fitted without them went over)."""
+    functions = [{"name": f"tool_{n}", "description": " ".join(["Looks things up in the records."] * 40),
+                  "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}} for n in range(12)]
+    history = [{"role": "system", "content": "You are terse."}]
+    for n in range(30):
+        history += [{"role": "user", "content": f"Question {n}: " + "tell me about the ledger. " * 30},
+                    {"role": "assistant", "content": f"Answer {n}: " + "the ledger keeps every message. " * 30}]
+    history.append({"role": "user", "content": "And now?"})
+    body = {"model": "fake-8k", "messages": history, "functions": functions, "max_tokens": 200}
+    assert count_prompt(body) > 8_000 and count_prompt({**body, "functions": []}) < 20_000
+    async with aiohttp.ClientSession() as s:
+        async with s.post(gateway.base_url + "/chat/completions", json=body, headers={"X-Session-Id": "legacy"}) as r:
+            assert r.status == 200, await r.text()
+            client_tokens = int(r.headers["x-palimpsest-prompt-tokens-client"])
+    sent = [q["json"] for q in upstream.chat_requests() if not q["headers"].get("x-palimpsest-purpose")]
+    assert sent and all(count_prompt(b) + 200 <= 8_000 for b in sent)
+    assert sent[-1]["functions"] == functions  # the client's definitions go up untouched
+    # The gateway's own count of the client's prompt includes the functions.
+    assert client_tokens >= count_prompt({"model": "fake-8k", "messages": [], "functions": functions})
