@@ -16,7 +16,7 @@ import pytest
 from gateway.keys import LEDGER
 from policies.rounds import tool_pair_problems
 from tests.robustness.test_new_user_rig import (  # noqa: F401 - fixtures
-    answer, client, scripted, scripted_gateway,
+    add_call_deltas, answer, client, scripted, scripted_gateway,
 )
 
 STEPS = 22
@@ -62,11 +62,7 @@ async def test_long_parallel_tool_loop(scripted, scripted_gateway, stream):
                 for choice in event.choices:
                     content += choice.delta.content or ""
                     finish = choice.finish_reason or finish
-                    for delta in choice.delta.tool_calls or ():
-                        slot = calls.setdefault(delta.index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
-                        slot["id"] = delta.id or slot["id"]
-                        slot["function"]["name"] += delta.function.name or ""
-                        slot["function"]["arguments"] += delta.function.arguments or ""
+                    add_call_deltas(calls, choice.delta.tool_calls)
             message = {"role": "assistant", "content": content or None}
             if calls:
                 message["tool_calls"] = [calls[i] for i in sorted(calls)]

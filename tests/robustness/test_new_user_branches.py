@@ -10,10 +10,21 @@ from __future__ import annotations
 import orjson
 
 from tests.robustness.test_new_user_rig import (  # noqa: F401 - fixtures
-    answer, client, last_text, scripted, scripted_gateway,
+    client, scripted, scripted_gateway,
 )
 
 FILLER = "lorem ipsum dolor sit amet " * 40
+
+
+async def _converse(sdk, messages: list[dict], user_text) -> set[str | None]:
+    """30 turns on `messages` (extended in place); the checkpoint headers the answers named."""
+    checkpoints = set()
+    for i in range(30):
+        messages.append({"role": "user", "content": user_text(i)})
+        raw = await sdk.chat.completions.with_raw_response.create(model="m-8k", messages=messages)
+        checkpoints.add(raw.headers.get("x-palimpsest-checkpoint"))
+        messages.append({"role": "assistant", "content": raw.parse().choices[0].message.content})
+    return checkpoints
 
 
 async def test_an_edited_early_message_starts_a_branch_that_never_sees_the_old_one(scripted, scripted_gateway):
@@ -22,25 +33,13 @@ async def test_an_edited_early_message_starts_a_branch_that_never_sees_the_old_o
     opening = [{"role": "system", "content": "You are a helpful assistant."},
                {"role": "user", "content": "My locker code is OLDCODE-7781. " + FILLER},
                {"role": "assistant", "content": "Noted."}]
-    messages = list(opening)
-    old_checkpoints = set()
-    for i in range(30):
-        messages.append({"role": "user", "content": f"turn {i}: {FILLER}"})
-        raw = await sdk.chat.completions.with_raw_response.create(model="m-8k", messages=messages)
-        old_checkpoints.add(raw.headers.get("x-palimpsest-checkpoint"))
-        messages.append({"role": "assistant", "content": raw.parse().choices[0].message.content})
+    old_checkpoints = await _converse(sdk, list(opening), lambda i: f"turn {i}: {FILLER}")
     assert old_checkpoints - {None}, "the old branch was summarised"
     assert any("OLDCODE-7781" in orjson.dumps(body).decode() for body in scripted.chats()[-3:]), "the old branch kept its fact"
     # The user edits the first message and carries on from there.
     edited = [opening[0], {"role": "user", "content": "My locker code is NEWCODE-1234. " + FILLER}, opening[2]]
     seen = len(scripted.chats())
-    messages = list(edited)
-    new_checkpoints = set()
-    for i in range(30):
-        messages.append({"role": "user", "content": f"edited turn {i}: {FILLER} what is my locker code?"})
-        raw = await sdk.chat.completions.with_raw_response.create(model="m-8k", messages=messages)
-        new_checkpoints.add(raw.headers.get("x-palimpsest-checkpoint"))
-        messages.append({"role": "assistant", "content": raw.parse().choices[0].message.content})
+    new_checkpoints = await _converse(sdk, list(edited), lambda i: f"edited turn {i}: {FILLER} what is my locker code?")
     assert new_checkpoints - {None} and not (new_checkpoints & old_checkpoints - {None}), "its own summaries only"
     for body in scripted.chats()[seen:]:
         assert "OLDCODE" not in orjson.dumps(body).decode()

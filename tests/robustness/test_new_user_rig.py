@@ -158,6 +158,15 @@ async def scripted_gateway(start_gateway, scripted):
     return start
 
 
+def add_call_deltas(calls: dict, deltas) -> None:
+    """Fold a stream chunk's tool-call deltas into `calls` (index -> call), as a client does."""
+    for delta in deltas or ():
+        slot = calls.setdefault(delta.index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+        slot["id"] = delta.id or slot["id"]
+        slot["function"]["name"] += delta.function.name or ""
+        slot["function"]["arguments"] += delta.function.arguments or ""
+
+
 def client(gateway, session: str | None = "s1", key: str = "sk-new-user", **headers: str) -> openai.AsyncOpenAI:
     if session is not None:
         headers = {"X-Session-Id": session, **headers}

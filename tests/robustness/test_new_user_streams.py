@@ -19,7 +19,7 @@ import pytest
 from gateway.keys import LEDGER
 from store.canonical import event_id
 from tests.robustness.test_new_user_rig import (  # noqa: F401 - fixtures
-    Reply, answer, chunk, client, completion, scripted, scripted_gateway,
+    Reply, add_call_deltas, answer, chunk, client, scripted, scripted_gateway,
 )
 
 FILLER = "lorem ipsum dolor sit amet " * 100
@@ -167,11 +167,7 @@ async def test_parallel_client_calls_split_across_many_chunks_arrive_whole(scrip
         usage = event.usage or usage
         for choice in event.choices:
             finish = choice.finish_reason or finish
-            for delta in choice.delta.tool_calls or ():
-                slot = got.setdefault(delta.index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
-                slot["id"] = delta.id or slot["id"]
-                slot["function"]["name"] += delta.function.name or ""
-                slot["function"]["arguments"] += delta.function.arguments or ""
+            add_call_deltas(got, choice.delta.tool_calls)
     _recall_offered(scripted, history)
     assert [got[i] for i in sorted(got)] == calls
     assert finish == "tool_calls" and usage is not None and usage.prompt_tokens == 10

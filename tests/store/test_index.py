@@ -1,8 +1,6 @@
 import random
 
-import pytest
 
-from store.embedders import WordLlamaEmbedder
 from store.index import IndexedEvent, SearchIndex
 
 _TOPICS = [
@@ -40,18 +38,6 @@ def planted(events: list[IndexedEvent], seq: int, text: str) -> list[IndexedEven
     old = events[seq]
     events[seq] = IndexedEvent(old.event_id, old.seq, "user", old.created, text)
     return events
-
-
-@pytest.fixture(scope="module")
-def embedder() -> WordLlamaEmbedder:
-    return WordLlamaEmbedder()
-
-
-@pytest.fixture
-async def index(tmp_path, embedder):
-    index = SearchIndex(str(tmp_path / "index"), embedder)
-    yield index
-    index.close()
 
 
 async def test_exact_keyword_fact_is_top_hit(index):

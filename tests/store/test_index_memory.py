@@ -5,24 +5,10 @@ import asyncio
 import random
 
 import numpy as np
-import pytest
 
 import store.embedders as embedders
 import store.index_legs as index_module
-from store.embedders import WordLlamaEmbedder
 from store.index import IndexedEvent, SearchIndex
-
-
-@pytest.fixture(scope="module")
-def embedder() -> WordLlamaEmbedder:
-    return WordLlamaEmbedder()
-
-
-@pytest.fixture
-async def index(tmp_path, embedder):
-    index = SearchIndex(str(tmp_path / "index"), embedder)
-    yield index
-    index.close()
 
 
 def session_of_many_conversations() -> tuple[list[IndexedEvent], frozenset[str]]:
