@@ -55,6 +55,7 @@ _NOT_NAMES = frozenset({
     "HTTP", "HTTPS", "JSON", "URL", "API", "ID", "PASS", "PASSED", "FAIL", "FAILED",
 })
 _WORD = re.compile(r"[\w']+")
+_EXACT_KEYS = {ID: "ids", VERSION: "versions", PATH: "paths", DATE: "dates"}  # policies.extraction's
 
 
 def expected_type(query: str) -> str | None:
@@ -66,23 +67,21 @@ def has_candidate(text: str, kind: str, query: str) -> bool:
     """Whether `text` contains an answer candidate of `kind` that `query` does not contain.
 
     A path also answers "where" (where a script lives), like a name does."""
-    asked = {w.lower() for w in _WORD.findall(query)}
+    lowered = query.lower()
+    asked = set(_WORD.findall(lowered))
 
     def new(value: str) -> bool:
-        return value.lower() not in query.lower() and not set(_WORD.findall(value.lower())) <= asked
+        value = value.lower()
+        return value not in lowered and not set(_WORD.findall(value)) <= asked
 
-    if kind in (ID, VERSION, PATH, DATE) or kind == NAME and "/" in text:
-        values = values_in(text)
-        key = {ID: "ids", VERSION: "versions", PATH: "paths", DATE: "dates", NAME: "paths"}[kind]
-        if any(new(value) for value in values[key]):
-            return True
-        if kind == DATE:
-            return any(new(m.group(0)) for m in _MORE_DATES.finditer(text))
-        if kind != NAME:
-            return False
+    # Structured kinds are the summary block's exact values; "where" also takes a path.
+    key = _EXACT_KEYS.get(kind) or ("paths" if kind == NAME and "/" in text else None)
+    if key and any(new(value) for value in values_in(text)[key]):
+        return True
+    if kind == DATE:
+        return any(new(m.group(0)) for m in _MORE_DATES.finditer(text))
     if kind == QUANTITY:
         return any(new(m.group(0)) for m in _QUANTITY_TOKEN.finditer(text))
-    return any(
-        m.group(1) not in _NOT_NAMES and m.group(1).lower() not in asked
-        for m in _NAME_TOKEN.finditer(text)
-    )
+    if kind != NAME:
+        return False
+    return any(m.group(1) not in _NOT_NAMES and m.group(1).lower() not in asked for m in _NAME_TOKEN.finditer(text))
