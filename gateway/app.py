@@ -30,7 +30,11 @@ from gateway.chat.recall_loop import RecallLoop
 from gateway.chat.turn import TurnRecorder
 from gateway.jobs.indexer import Indexer
 from gateway.recall.tools import RecallTools
-from gateway.keys import INDEXER, CHECKPOINTS, COUNTER, IDENTITY, LEDGER, METRICS, PIPELINE, SETTINGS, SUMMARIZER, TURNS, UPSTREAM
+from gateway.keys import INDEXER, CHECKPOINTS, COUNTER, IDENTITY, LEDGER, METRICS, PIPELINE, RESPONSES, SETTINGS, SUMMARIZER, TURNS, UPSTREAM
+from gateway.responses.loop import ResponsesRecallLoop
+from gateway.responses.pipeline import ResponsesPipeline
+from gateway.responses.stored import stored_response
+from store.response_ids import ResponseIds
 from gateway.jobs.summarizer import Summarizer
 from gateway.http.upstream import Upstream
 from gateway.chat.views import ViewBuilder
@@ -63,6 +67,10 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
     return web.Response(body=metrics.render(), headers={"Content-Type": metrics.content_type})
 
 
+async def handle_responses(request: web.Request) -> web.StreamResponse:
+    return await request.app[RESPONSES].handle(request)
+
+
 def create_app(settings: Settings) -> web.Application:
     app = web.Application(
         middlewares=[request_log_middleware, error_middleware, body_middleware],
@@ -78,12 +86,17 @@ def create_app(settings: Settings) -> web.Application:
         settings.session.fallback,
         require_key=settings.server.client_keys == "required"
         or (settings.server.client_keys == "auto" and bool(settings.upstream.api_key.get_secret_value())),
+        client_headers=tuple(settings.session.headers),
     )
     app.cleanup_ctx.append(_resources)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)
     app.router.add_post("/v1/chat/completions", handle_chat)
+    app.router.add_post("/v1/responses", handle_responses)
+    app.router.add_route("GET", "/v1/responses/{response_id}", stored_response)
+    app.router.add_route("DELETE", "/v1/responses/{response_id}", stored_response)
+    app.router.add_route("GET", "/v1/responses/{response_id}/{tail:input_items}", stored_response)
     app.router.add_route("*", "/v1/{tail:.*}", passthrough)
     setup_admin(app)
     return app
@@ -125,20 +138,26 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     app[TURNS] = turns
     recorder = TurnRecorder(ledger=ledger, metrics=metrics, summaries=summarizer, indexer=indexer, calibration=calibration,
                             turns=turns)
-    recall = RecallLoop(
-        upstream=upstream, session_header=settings.session.header, views=views,
-        tools=RecallTools(ledger, indexer, metrics, settings.recall.search_limit,
-                          passage_tokens=settings.recall.passage_tokens,
-                          auto_tokens=settings.recall.auto_tokens,
-                          auto_placement=settings.recall.auto_placement,
-                          auto_timeout_s=settings.recall.auto_timeout_s), recorder=recorder,
-        max_rounds=settings.recall.max_rounds, metrics=metrics,
-    )
+    recall_tools = RecallTools(ledger, indexer, metrics, settings.recall.search_limit,
+                               passage_tokens=settings.recall.passage_tokens,
+                               auto_tokens=settings.recall.auto_tokens,
+                               auto_placement=settings.recall.auto_placement,
+                               auto_timeout_s=settings.recall.auto_timeout_s)
+    loop_parts = dict(upstream=upstream, session_header=settings.session.header, views=views, tools=recall_tools,
+                      recorder=recorder, max_rounds=settings.recall.max_rounds, metrics=metrics)
+    recall = RecallLoop(**loop_parts)
     pipeline = ChatPipeline(
         settings=settings, upstream=upstream, ledger=ledger, identity=app[IDENTITY], metrics=metrics,
         views=views, recall=recall, recorder=recorder,
     )
     app[PIPELINE] = pipeline
+    response_ids = ResponseIds(settings.store.path)
+    responses = ResponsesPipeline(
+        settings=settings, upstream=upstream, ledger=ledger, identity=app[IDENTITY], metrics=metrics, views=views,
+        recorder=recorder, response_ids=response_ids,
+    )
+    responses.loop = ResponsesRecallLoop(record=responses.record, **loop_parts)
+    app[RESPONSES] = responses
     app[INDEXER] = indexer
     flusher = asyncio.create_task(_flush_answers(ledger, turns), name="ledger-flush")
     retention = (asyncio.create_task(_retention(settings.store.retention_days, ledger, checkpoints, indexer, turns), name="retention")
@@ -155,6 +174,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         await upstream.close()
         close_stores(ledger, checkpoints)
         turns.close()
+        response_ids.close()
 
 
 def open_index(settings: Settings, upstream: Upstream | None):

@@ -63,6 +63,7 @@ LEDGER: web.AppKey[LedgerStore] = web.AppKey("ledger")
 CHECKPOINTS: web.AppKey[CheckpointStore] = web.AppKey("checkpoints")
 TURNS: web.AppKey[TurnLogStore] = web.AppKey("turns")
 PIPELINE: web.AppKey[ChatHandler] = web.AppKey("pipeline")
+RESPONSES: web.AppKey[Any] = web.AppKey("responses")  # gateway.responses.pipeline.ResponsesPipeline
 SUMMARIZER: web.AppKey[SummaryJobs] = web.AppKey("summarizer")
 INDEXER: web.AppKey[IndexKeeper] = web.AppKey("indexer")
 

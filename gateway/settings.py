@@ -91,6 +91,12 @@ class StoreSettings(_Section):
 
 class SessionSettings(_Section):
     header: str = Field("X-Session-Id", description="Request header naming the session.")
+    headers: list[str] = Field(
+        default_factory=lambda: ["session-id", "thread-id", "X-Claude-Code-Session-Id"],
+        description="Without `header`, these headers name the session, first found wins: what well-known agent clients "
+        "send on every request (Codex CLI: session-id, thread-id; Claude Code: X-Claude-Code-Session-Id). Sessions stay "
+        "scoped by tenant. [] turns this off.",
+    )
     fallback: Literal["fingerprint", "off"] = Field(
         "off",
         description="Without the header: pass through unrecorded ('off'), or derive the session from the credential and "
@@ -100,6 +106,12 @@ class SessionSettings(_Section):
 
 class ModelSettings(_Section):
     context_window: int = Field(..., gt=0, description="Context window in tokens.")
+    api: Literal["responses", "chat"] = Field(
+        "responses",
+        description="What the upstream serves for this model: 'responses' (/v1/responses as well as chat), or 'chat' "
+        "(/v1/chat/completions only, e.g. llama.cpp): Responses requests are then rendered as Chat Completions and "
+        "the answer translated back.",
+    )
 
 
 class RecallSettings(_Section):

@@ -4,7 +4,9 @@ Clients resend the whole history every turn, and SDKs reshape messages on the wa
 (``refusal: null``, empty ``annotations``, key order, text parts vs. a plain string). The
 canonical form keeps only what changes the meaning of a message, so a resent message gets the
 same id, and the id of a message also covers its parent: the path of ids is a hash chain.
-A legacy ``function_call`` is meaning (two answers calling different functions are two events);
+Items of other wire formats arrive in the neutral model (``policies/conversation.py``): their
+opaque items (reasoning, thinking) are meaning too, in their identity form, and their ``wire``
+copy is not. A legacy ``function_call`` is meaning (two answers calling different functions are two events);
 it joined the canonical form after stores had been written, so a session that used legacy
 ``functions`` before then forks once at its next such message, losing nothing.
 """
@@ -15,6 +17,8 @@ import hashlib
 from typing import Any
 
 import orjson
+
+from policies.conversation import opaque_identity
 
 INSTRUCTION_ROLES = frozenset({"system", "developer"})
 
@@ -76,6 +80,9 @@ def canonical_message(message: dict) -> dict:
     function_call = message.get("function_call")  # legacy `functions`: the call is the message
     if isinstance(function_call, dict):
         out["function_call"] = {"name": function_call.get("name"), "arguments": function_call.get("arguments") or ""}
+    opaque = message.get("opaque")  # reasoning, thinking, provider items: policies/conversation.py
+    if opaque:
+        out["opaque"] = opaque_identity(opaque)
     return out
 
 

@@ -27,6 +27,7 @@ class ChatRequest:
     history: list[dict]  # everything else: the path in the ledger
     max_output_tokens: int = 0
     ids: list[str] = field(default_factory=list)
+    format: str = "chat"  # the wire format the client spoke (gateway/formats/)
 
 
 def _too_deep(body: dict) -> bool:

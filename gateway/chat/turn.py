@@ -102,6 +102,7 @@ class Turn:
     recall_refused: bool = False  # the upstream refuses tools for this model: the view goes without recall tools
     status: int = 502  # what the client was told (the error's status after a failed stream)
     failure: GatewayError | None = None  # a failure told inside an already-started stream
+    route: str = ROUTE  # the API the client spoke: chat, responses, messages
 
 
 class TurnRecorder:
@@ -159,10 +160,10 @@ class TurnRecorder:
     def observe(self, turn: Turn) -> None:
         m = self.metrics
         elapsed = time.perf_counter() - turn.timing.started
-        m.requests.labels(ROUTE, turn.model_label, str(turn.status)).inc()
-        m.request_seconds.labels(ROUTE, turn.model_label).observe(elapsed)
-        m.upstream_seconds.labels(ROUTE, turn.model_label).observe(turn.timing.upstream)
-        m.overhead_seconds.labels(ROUTE).observe(max(0.0, elapsed - turn.timing.upstream))
+        m.requests.labels(turn.route, turn.model_label, str(turn.status)).inc()
+        m.request_seconds.labels(turn.route, turn.model_label).observe(elapsed)
+        m.upstream_seconds.labels(turn.route, turn.model_label).observe(turn.timing.upstream)
+        m.overhead_seconds.labels(turn.route).observe(max(0.0, elapsed - turn.timing.upstream))
         view = turn.view
         if view.client_tokens:
             m.client_prompt_tokens.labels(turn.model_label).inc(view.client_tokens)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import orjson
 
 from gateway.chat.request import ChatRequest
+from gateway.formats import recall_tools_for
 from gateway.http.errors import ContextLengthExceeded
 from policies import (
     CheckpointMark,
@@ -36,7 +37,6 @@ from policies import (
     project_view,
     recall_note,
     recall_tool_names,
-    recall_tools,
     render_summary_block,
     resolve_policy,
     round_sizes,
@@ -241,7 +241,7 @@ class ViewBuilder:
         if hidden and names:
             note = recall_note(*names)
             block = f"{block}\n\n{note}" if block else note
-            tools = [*(tools or []), *recall_tools(*names)]
+            tools = [*(tools or []), *recall_tools_for(chat.format, names)]
         else:
             names = None
         messages = project_view(chat.instructions, compacted, block, policy.injection)
@@ -262,7 +262,7 @@ class ViewBuilder:
         """Tokens the recall note and tools add once anything is hidden (constant per name pair)."""
         cost = self._recall_costs.get(names)
         if cost is None:
-            cost = self.counter.count_text(recall_note(*names)) + self.counter.count_tools(recall_tools(*names))
+            cost = self.counter.count_text(recall_note(*names)) + self.counter.count_tools(recall_tools_for("chat", names))
             self._recall_costs[names] = cost
         return cost
 
@@ -294,7 +294,7 @@ class ViewBuilder:
         if hidden and projection.recall_names is None and policy.recall:
             # Tailoring hid history the projection did not: offer recall, and fit again with it.
             names = recall_tool_names(chat.body.get("tools"))
-            tools = [*(projection.tools or []), *recall_tools(*names)]
+            tools = [*(projection.tools or []), *recall_tools_for(chat.format, names)]
             lead = next((i for i, m in enumerate(messages) if m.get("role") not in ("system", "developer")), len(messages))
             with_note = [*messages[:lead], {"role": "system", "content": recall_note(*names)}, *messages[lead:]]
             try:

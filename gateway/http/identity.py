@@ -8,7 +8,9 @@ With client keys required (``server.client_keys``; by default whenever ``upstrea
 set, because the gateway then spends the operator's key on the client's behalf), a request
 whose key is missing or not one of ``[tenants]`` gets a 401 before anything else happens.
 
-Without the session header, the request passes through unrecorded unless
+Without the session header, the headers well-known agent clients send on every request name
+the session (``session.headers``, in order: Codex's ``session-id`` then ``thread-id``, Claude
+Code's ``X-Claude-Code-Session-Id``). Without any of them, the request passes through unrecorded unless
 ``session.fallback = "fingerprint"``, which names the session by the credential's tenant and
 the first message: everyone behind one key who opens with the same words shares that session
 (and may recall each other's turns), so it is off by default.
@@ -40,9 +42,11 @@ def _raw(credential: str) -> bytes:
 
 
 class Identity:
-    def __init__(self, tenants: dict[str, str], session_header: str, fallback: str, *, require_key: bool = False) -> None:
+    def __init__(self, tenants: dict[str, str], session_header: str, fallback: str, *, require_key: bool = False,
+                 client_headers: tuple[str, ...] = ()) -> None:
         self._tenants = [(name, key.encode()) for name, key in tenants.items()]
         self._header = session_header
+        self._client_headers = client_headers  # what well-known clients send, in order (session.headers)
         self._fallback = fallback
         self.require_key = require_key
         self._cache: dict[str, str] = {}
@@ -74,6 +78,10 @@ class Identity:
     def session(self, request: web.Request, tenant: str, first_event_id: str | None) -> SessionRef | None:
         """The request's session, or None for pure pass-through (no header, fallback off)."""
         session_id = request.headers.get(self._header, "").strip()
+        for name in self._client_headers:
+            if session_id:
+                break
+            session_id = request.headers.get(name, "").strip()
         if session_id:
             try:
                 session_id.encode()

@@ -119,10 +119,14 @@ class Upstream:
 
     def post_chat(self, incoming: CIMultiDictProxy[str], body: bytes, *, drop: frozenset[str]):
         """Open a chat completion call carrying the client's headers (minus `drop`) and `body`."""
+        return self.post("/v1/chat/completions", incoming, body, drop=drop)
+
+    def post(self, path: str, incoming: CIMultiDictProxy[str], body: bytes, *, drop: frozenset[str]):
+        """Open a JSON POST to `path` (/v1/...) carrying the client's headers (minus `drop`)."""
         headers = self.request_headers(incoming, drop=drop)
         headers["Content-Type"] = "application/json"
         headers["Content-Length"] = str(len(body))
-        return self.request(self.api, "POST", self.url("/v1/chat/completions"), headers=headers, data=body)
+        return self.request(self.api, "POST", self.url(path), headers=headers, data=body)
 
     @asynccontextmanager
     async def request(self, session: aiohttp.ClientSession | None, method: str, url: str, **kw) -> AsyncIterator[aiohttp.ClientResponse]:

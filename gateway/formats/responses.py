@@ -1,0 +1,316 @@
+"""The OpenAI Responses API (``POST /v1/responses``) as the neutral conversation model.
+
+Input items map onto neutral items (``policies/conversation.py``):
+
+- ``message`` items with role ``system`` / ``developer`` are instructions, like the top-level
+  ``instructions`` string (which stays in the body, byte-identical);
+- ``message`` items with role ``user`` are user items;
+- a run of model-side items (``reasoning``, assistant ``message``, ``function_call``,
+  ``custom_tool_call``, ``local_shell_call``, server-side calls, unknown types) is ONE assistant
+  item: its calls become ``tool_calls`` (the ``call_id`` is the id), everything the gateway does
+  not read (reasoning with ``encrypted_content``, provider ``compaction`` items, ...) its
+  ``opaque`` part. A reasoning item and the call it precedes are therefore never apart;
+- every ``*_output`` item (``function_call_output``, ``custom_tool_call_output``, ...) is a tool
+  item answering its ``call_id``.
+
+Each neutral item keeps the client's items as its ``wire`` form; ``render`` re-emits those
+unchanged for every item the view did not touch, and builds new items only for what the gateway
+wrote (the summary block as a developer message, placeholders as new ``output`` strings, recall
+calls and results). The ``instructions`` and ``tools`` fields go upstream as the client sent them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from gateway.chat.request import ChatRequest
+from gateway.http.errors import BadRequest
+from policies.conversation import opaque_identity, wire_items, with_wire
+
+FORMAT = "responses"
+INSTRUCTION_ROLES = frozenset({"system", "developer"})
+TEXT_TYPES = frozenset({"input_text", "output_text", "text", "summary_text"})
+# Items that carry a client-side call the client (or the gateway) answers with an *_output item.
+CALL_ARGUMENT_FIELDS = ("arguments", "input", "action", "code")
+
+
+def _too_deep(body: Any) -> bool:
+    try:
+        orjson.dumps(body)
+    except orjson.JSONEncodeError:
+        return True
+    return False
+
+
+def parse_responses_request(raw: bytes) -> ChatRequest:
+    """The request body as a ChatRequest in the neutral model (400 on what cannot be routed)."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"We could not parse the JSON body of your request ({exc.args[0]}).") from None
+    if not isinstance(body, dict):
+        raise BadRequest("The request body must be a JSON object.")
+    if _too_deep(body):
+        raise BadRequest("The request body is nested too deeply (JSON deeper than 254 levels).")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("'model' must be a non-empty string.", param="model")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise BadRequest("'stream' must be a boolean.", param="stream")
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, (str, list)):
+        raise BadRequest("'instructions' must be a string.", param="instructions")
+    tools = body.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise BadRequest("'tools' must be an array of objects.", param="tools")
+    max_out = body.get("max_output_tokens")
+    if max_out is not None and (not isinstance(max_out, int) or isinstance(max_out, bool) or max_out < 0):
+        raise BadRequest("'max_output_tokens' must be a non-negative integer.", param="max_output_tokens")
+    items = input_items(body.get("input"))
+    leading: list[dict] = []
+    if isinstance(instructions, str) and instructions:
+        # Counted as an instruction; rendered nowhere (it stays in the body's own field).
+        leading.append(with_wire({"role": "system", "content": instructions}, FORMAT, []))
+    neutral_instructions, history = to_neutral(items)
+    return ChatRequest(raw, body, model, stream, leading + neutral_instructions, history, max_out or 0, format=FORMAT)
+
+
+def input_items(value: Any) -> list[dict]:
+    """``input`` as a list of items: a string is one user message."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [{"type": "message", "role": "user", "content": value}]
+    if not isinstance(value, list):
+        raise BadRequest("'input' must be a string or an array of input items.", param="input")
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise BadRequest(f"'input[{i}]' must be an object.", param=f"input[{i}]")
+        kind = item.get("type", "message")
+        if not isinstance(kind, str):
+            raise BadRequest(f"'input[{i}].type' must be a string.", param=f"input[{i}].type")
+        if kind == "message":
+            if item.get("role") not in ("user", "assistant", "system", "developer"):
+                raise BadRequest(f"'input[{i}].role' must be one of user, assistant, system, developer.",
+                                 param=f"input[{i}].role")
+            if not isinstance(item.get("content"), (str, list)):
+                raise BadRequest(f"'input[{i}].content' must be a string or an array of content parts.",
+                                 param=f"input[{i}].content")
+        elif is_output(item) and not isinstance(item.get("call_id"), str):
+            raise BadRequest(f"'input[{i}].call_id' must be a string.", param=f"input[{i}].call_id")
+        elif is_call(item) and not isinstance(item.get("name", ""), str):
+            raise BadRequest(f"'input[{i}].name' must be a string.", param=f"input[{i}].name")
+    return value
+
+
+def is_output(item: dict) -> bool:
+    kind = item.get("type", "message")
+    return isinstance(kind, str) and kind.endswith("_output") and "call_id" in item
+
+
+def is_call(item: dict) -> bool:
+    """A call the client answers (it has a call_id and is not an output)."""
+    return not is_output(item) and item.get("type", "message") != "message" and isinstance(item.get("call_id"), str)
+
+
+def content_parts(content: Any) -> Any:
+    """Message content as neutral content: one text part is a string, text parts are
+    ``{"type": "text"}`` parts, anything else (images, files) stays as the client sent it."""
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, dict):
+        content = [content]
+    parts = []
+    for part in content:
+        if isinstance(part, dict) and part.get("type") in TEXT_TYPES and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif isinstance(part, str):
+            parts.append({"type": "text", "text": part})
+        else:
+            parts.append(part)
+    if len(parts) == 1 and parts[0].get("type") == "text" and set(parts[0]) == {"type", "text"}:
+        return parts[0]["text"]
+    if all(p.get("type") == "text" for p in parts):
+        return "".join(p["text"] for p in parts) if parts else None
+    return parts
+
+
+def _call_arguments(item: dict) -> str:
+    for key in CALL_ARGUMENT_FIELDS:
+        value = item.get(key)
+        if value is None:
+            continue
+        return value if isinstance(value, str) else orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    return ""
+
+
+def assistant_item(items: list[dict]) -> dict:
+    """One neutral assistant item for a run of model-side items."""
+    texts: list[str] = []
+    calls: list[dict] = []
+    opaque: list[dict] = []
+    for item in items:
+        kind = item.get("type", "message")
+        if kind == "message":
+            text = content_parts(item.get("content"))
+            if isinstance(text, str):
+                texts.append(text)
+            elif isinstance(text, list):
+                texts.extend(p["text"] for p in text if isinstance(p, dict) and p.get("type") == "text")
+                opaque.extend(p for p in text if isinstance(p, dict) and p.get("type") != "text")
+        elif is_call(item):
+            name = item.get("name") if isinstance(item.get("name"), str) else kind
+            calls.append({"id": item["call_id"], "type": "function",
+                          "function": {"name": name, "arguments": _call_arguments(item)}})
+            if kind != "function_call":
+                opaque.append({"type": kind})  # the call's kind is part of what it is
+        else:
+            opaque.append(opaque_identity(item))
+    out: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
+    if calls:
+        out["tool_calls"] = calls
+    if opaque:
+        out["opaque"] = opaque
+    return with_wire(out, FORMAT, items)
+
+
+def tool_item(item: dict) -> dict:
+    output = item.get("output")
+    content = content_parts(output) if isinstance(output, (str, list, dict)) else (
+        None if output is None else str(output))
+    return with_wire({"role": "tool", "tool_call_id": item["call_id"], "content": content if content is not None else ""},
+                     FORMAT, [item])
+
+
+def to_neutral(items: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(instructions, history) of a list of input items."""
+    instructions: list[dict] = []
+    history: list[dict] = []
+    group: list[dict] = []
+
+    def flush() -> None:
+        if group:
+            history.append(assistant_item(list(group)))
+            group.clear()
+
+    for item in items:
+        kind = item.get("type", "message")
+        role = item.get("role")
+        if kind == "message" and role in INSTRUCTION_ROLES:
+            instructions.append(with_wire({"role": "system", "content": content_parts(item.get("content"))}, FORMAT, [item]))
+        elif kind == "message" and role == "user":
+            flush()
+            history.append(with_wire({"role": "user", "content": content_parts(item.get("content"))}, FORMAT, [item]))
+        elif is_output(item):
+            flush()
+            history.append(tool_item(item))
+        else:
+            group.append(item)
+    flush()
+    return instructions, history
+
+
+# -- rendering ---------------------------------------------------------------------------------
+
+
+def _input_parts(content: Any, role: str) -> list[dict] | str:
+    text_type = "output_text" if role == "assistant" else "input_text"
+    if content is None:
+        return [{"type": text_type, "text": ""}]
+    if isinstance(content, str):
+        return [{"type": text_type, "text": content}]
+    return [{"type": text_type, "text": p["text"]} if isinstance(p, dict) and p.get("type") == "text" else p
+            for p in content]
+
+
+def _same(message: dict, original: dict) -> bool:
+    return all(message.get(k) == original.get(k) for k in ("role", "content", "tool_calls", "tool_call_id"))
+
+
+def render_item(message: dict) -> list[dict]:
+    """The wire items for one neutral item of a view."""
+    items = wire_items(message, FORMAT)
+    role = message.get("role")
+    if items is not None:
+        rebuilt = _reparse(message, items)
+        if rebuilt is None or _same(message, rebuilt):
+            return list(items)
+    if role in INSTRUCTION_ROLES:
+        return [{"type": "message", "role": "developer", "content": _input_parts(message.get("content"), "developer")}]
+    if role == "user":
+        base = dict(items[0]) if items else {"type": "message", "role": "user"}
+        base["content"] = _input_parts(message.get("content"), "user")
+        return [base]
+    if role == "tool":
+        base = dict(items[0]) if items else {"type": "function_call_output", "call_id": message.get("tool_call_id")}
+        content = message.get("content")
+        base["output"] = content if isinstance(content, str) or content is None else _input_parts(content, "user")
+        if base["output"] is None:
+            base["output"] = ""
+        return [base]
+    if role == "assistant":
+        return _assistant_items(message, items)
+    return []
+
+
+def _reparse(message: dict, items: list[dict]) -> dict | None:
+    role = message.get("role")
+    if role == "assistant":
+        return assistant_item(items)
+    if role == "tool" and items:
+        return tool_item(items[0])
+    if items:
+        return {"role": role, "content": content_parts(items[0].get("content"))}
+    return None  # the top-level instructions: nothing to emit
+
+
+def _assistant_items(message: dict, items: list[dict] | None) -> list[dict]:
+    """An assistant item the view changed (its text was cut): the client's items with the
+    message text replaced; calls and opaque items as they were."""
+    content = message.get("content")
+    if items:
+        out, placed = [], False
+        for item in items:
+            if item.get("type", "message") == "message":
+                if not placed:
+                    out.append({**item, "content": _input_parts(content, "assistant")})
+                    placed = True
+                continue
+            out.append(item)
+        return out
+    out = []
+    if content:
+        out.append({"type": "message", "role": "assistant", "content": _input_parts(content, "assistant")})
+    for call in message.get("tool_calls") or ():
+        fn = call.get("function") or {}
+        out.append({"type": "function_call", "call_id": call.get("id"), "name": fn.get("name"),
+                    "arguments": fn.get("arguments") or ""})
+    return out
+
+
+def render_input(messages: list[dict]) -> list[dict]:
+    out: list[dict] = []
+    for message in messages:
+        out.extend(render_item(message))
+    return out
+
+
+def render_body(chat: ChatRequest, messages: list[dict], tools: list[dict] | None) -> dict:
+    """The upstream body for a view: the client's body with ``input`` (and ``tools``) replaced."""
+    body = dict(chat.body)
+    body["input"] = render_input(messages)
+    body.pop("previous_response_id", None)  # the view carries the whole chain
+    if tools is not None:
+        body["tools"] = tools
+    return body
+
+
+def tool_result_items(results: list[dict]) -> list[dict]:
+    """Neutral tool results (the gateway's recall answers) as function_call_output items."""
+    return [{"type": "function_call_output", "call_id": r.get("tool_call_id"), "output": r.get("content") or ""}
+            for r in results]

@@ -1,0 +1,275 @@
+"""POST /v1/responses: the per-request pipeline for the OpenAI Responses API.
+
+The same steps as chat completions (docs/architecture.md, "A request's path"), on the neutral
+model the Responses adapter parses (``gateway/formats/responses.py``):
+
+1. identify tenant and session (``X-Session-Id``, else Codex's ``session-id`` / ``thread-id``;
+   a ``previous_response_id`` the gateway recorded names its own session),
+2. rebuild a ``previous_response_id`` chain from the ledger, so the view can carry (and
+   compact) the whole conversation; an id the gateway does not know passes through untouched,
+3. sync the input into the ledger (durable before the upstream call),
+4. build the view (shared ``ViewBuilder``: projection, compaction, recall tools, tailoring),
+5. forward (the client's bytes when the view is unchanged); resolve recall calls in the loop,
+6. record the answer (the output items the client saw) and remember the response id.
+
+"""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+from aiohttp import web
+
+from gateway.chat import offload
+from gateway.chat.turn import Timing, Turn, TurnRecorder, clean_usage
+from gateway.chat.views import View, ViewBuilder
+from gateway.formats import responses as fmt
+from gateway.http.errors import GatewayError, NotFound, UpstreamIncomplete
+from gateway.http.identity import Identity
+from gateway.http.sse import SSEDecoder
+from gateway.http.upstream import Upstream, response_headers
+from gateway.keys import LOG_FIELDS, MODEL, REQUEST_ID, SESSION, TENANT
+from gateway.responses.stream import TERMINAL, encode
+from store import call as store_call
+from store.canonical import path_ids
+from store.ledger import SessionRef
+from store.response_ids import ResponseIds
+
+ROUTE = "responses"
+PATH = "/v1/responses"
+
+
+def chat_usage(usage) -> dict | None:
+    """Responses usage in the chat shape the recorder, metrics and calibration read."""
+    if not isinstance(usage, dict):
+        return None
+    out = {"prompt_tokens": usage.get("input_tokens"), "completion_tokens": usage.get("output_tokens"),
+           "total_tokens": usage.get("total_tokens")}
+    if isinstance(usage.get("input_tokens_details"), dict):
+        out["prompt_tokens_details"] = usage["input_tokens_details"]
+    if isinstance(usage.get("output_tokens_details"), dict):
+        out["completion_tokens_details"] = usage["output_tokens_details"]
+    return clean_usage(out)
+
+
+def answer_of(response: dict, names: tuple[str, str] | None = None) -> dict | None:
+    """The neutral assistant item for a completed response's output (what the client got)."""
+    from gateway.responses.stream import visible_output
+
+    if not isinstance(response, dict) or response.get("status") not in (None, "completed"):
+        return None
+    output = response.get("output")
+    if not isinstance(output, list):
+        return None
+    items = visible_output(output, names)
+    return fmt.assistant_item(items) if items else None
+
+
+def parse_and_hash(raw: bytes):
+    chat = fmt.parse_responses_request(raw)
+    return chat, path_ids(chat.history) if chat.history else []
+
+
+class ResponsesPipeline:
+    def __init__(self, *, settings, upstream: Upstream, ledger, identity: Identity, metrics, views: ViewBuilder,
+                 recorder: TurnRecorder, response_ids: ResponseIds, loop=None) -> None:
+        self.settings = settings
+        self.upstream = upstream
+        self.ledger = ledger
+        self.identity = identity
+        self.metrics = metrics
+        self.views = views
+        self.recorder = recorder
+        self.response_ids = response_ids
+        self.loop = loop  # ResponsesRecallLoop, set by the composition root (it records through `record`)
+        self._drop = frozenset({settings.session.header.lower()})
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        timing = Timing()
+        tenant = self.identity.tenant(request)
+        raw = await request.read()
+        chat, ids = (parse_and_hash(raw) if not offload.is_big(raw) else await _off_loop(raw))
+        request[MODEL] = model_label = self.metrics.model_label(chat.model)
+        request[TENANT] = tenant
+        ref, prefix = await self._continued(request, chat, tenant)
+        if prefix:
+            chat.history = [*prefix, *chat.history]
+            ids = path_ids(chat.history)
+        if ref is None:
+            ref = self.identity.session(request, tenant, ids[0] if ids else None)
+        if ref is not None and ids:
+            synced = await store_call(self.ledger.sync, ref, chat.history, ids, chat.model)
+            chat.ids = synced.ids
+            if synced.added:
+                self.metrics.ledger_events.labels("message").inc(synced.added)
+            request[SESSION] = ref.key
+        auth = {h: v for h in ("Authorization", "api-key") if (v := request.headers.get(h))} or None
+        view = await offload.build_view(self.views, chat, ref, auth) if ref is not None and ids else View()
+        if prefix and view.messages is None:
+            view.messages = [*chat.instructions, *chat.history]  # the chain must go up whole
+        turn = Turn(chat, ref, model_label, timing, view, auth=auth, route=ROUTE)
+        turn.headers["x-request-id"] = request.get(REQUEST_ID, "")
+        if ref is not None:
+            turn.headers["x-palimpsest-session"] = ref.session_id
+            turn.headers["x-palimpsest-prompt-tokens-client"] = str(view.client_tokens)
+            turn.headers["x-palimpsest-prompt-tokens-upstream"] = str(view.upstream_tokens)
+            if view.checkpoint:
+                turn.headers["x-palimpsest-checkpoint"] = view.checkpoint
+        try:
+            if view.recall_names is not None:
+                response = await self.loop.respond(request, turn)
+            else:
+                response = await self._relay(request, turn)
+            if turn.failure is None:
+                turn.status = response.status
+            return response
+        except GatewayError as exc:
+            turn.status = exc.status
+            raise
+        finally:
+            self.recorder.observe(turn)
+            request[LOG_FIELDS] = {"tokens_client": view.client_tokens, "tokens_upstream": view.upstream_tokens,
+                                   "upstream_ms": round(timing.upstream * 1000, 2), "recall_calls": turn.recall_calls}
+
+    async def _continued(self, request: web.Request, chat, tenant: str) -> tuple[SessionRef | None, list[dict]]:
+        """A ``previous_response_id`` the gateway recorded: its session and the chain before it
+        (from the ledger). Another tenant's id is as unknown as a made-up one: passed through."""
+        previous = chat.body.get("previous_response_id")
+        if not isinstance(previous, str) or not previous:
+            return None, []
+        found = self.response_ids.find(previous)
+        if found is None or found.tenant != tenant:
+            return None, []
+        events = await store_call(self.ledger.path_to, found.session_key, found.event_id)
+        if not events:
+            return None, []
+        record = await store_call(self.ledger.session, found.session_key)
+        if record is None:
+            return None, []
+        return SessionRef(record.tenant, record.session_id), [e.message for e in events]
+
+    # -- forwarding --------------------------------------------------------------------------
+
+    def body(self, turn: Turn) -> bytes:
+        if turn.view.messages is None:
+            return turn.chat.raw
+        return orjson.dumps(fmt.render_body(turn.chat, turn.view.messages, turn.view.tools))
+
+    async def _relay(self, request: web.Request, turn: Turn) -> web.StreamResponse:
+        t0 = time.perf_counter()
+        response: web.StreamResponse | None = None
+        try:
+            async with self.upstream.post(PATH, request.headers, self.body(turn), drop=self._drop) as up:
+                turn.timing.waiting(t0)
+                reader = self.upstream.reader(up)
+                headers = response_headers(up.headers, decoded=True)
+                headers.update(turn.headers)
+                if up.status != 200 or "text/event-stream" not in up.headers.get("Content-Type", ""):
+                    if up.status != 200:
+                        self.metrics.upstream_error(up.status)
+                    t0 = time.perf_counter()
+                    payload = await reader.read()
+                    turn.timing.waiting(t0)
+                    if up.status == 200:
+                        self._learn(turn, payload)
+                    response = web.Response(status=up.status, reason=up.reason, body=payload, headers=headers)
+                    await self.record(turn)
+                    await response.prepare(request)
+                    await response.write_eof()
+                    return response
+                response = web.StreamResponse(status=200, reason=up.reason, headers=headers)
+                await response.prepare(request)
+                terminal = await self._pump(reader, response, turn)
+                if terminal is None:
+                    raise UpstreamIncomplete("The upstream's stream ended before the response was complete.")
+                self._learn_response(turn, terminal.get("response"))
+                await self.record(turn)
+                await response.write_eof()
+        except GatewayError as exc:
+            if response is None or not response.prepared:
+                raise
+            self.recorder.failed_in_stream(turn, exc)
+            await end_stream_with_error(response, exc)
+        return response
+
+    async def _pump(self, reader, response: web.StreamResponse, turn: Turn) -> dict | None:
+        """Relay the upstream's bytes as they come; the terminal event, read on the side."""
+        decoder, terminal = SSEDecoder(), None
+        while True:
+            t0 = time.perf_counter()
+            chunk = await reader.chunk()
+            turn.timing.waiting(t0)
+            if not chunk:
+                return terminal
+            await response.write(chunk)
+            for data in decoder.feed(chunk):
+                if '"response.' not in data[:200] and '"error"' not in data[:200]:
+                    continue
+                try:
+                    event = orjson.loads(data)
+                except orjson.JSONDecodeError:
+                    continue
+                if isinstance(event, dict) and event.get("type") in TERMINAL:
+                    terminal = event
+
+    def _learn(self, turn: Turn, payload: bytes) -> None:
+        try:
+            data = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return
+        self._learn_response(turn, data)
+
+    def _learn_response(self, turn: Turn, data) -> None:
+        if not isinstance(data, dict):
+            return
+        turn.usage = chat_usage(data.get("usage"))
+        answer = answer_of(data, turn.view.recall_names)
+        if answer is not None:
+            if isinstance(data.get("id"), str):
+                answer["response_id"] = data["id"]
+            turn.answer = answer
+
+    async def record(self, turn: Turn) -> None:
+        """The answer into the ledger, and its response id remembered for its tenant."""
+        response_id = (turn.answer or {}).get("response_id")
+        await self.recorder.answer(turn)
+        if turn.ref is None or not response_id or turn.answer is None:
+            return
+        parent = turn.chat.ids[-1] if turn.chat.ids else None
+        from store.canonical import event_id
+
+        try:
+            self.response_ids.remember(response_id, turn.ref.key, event_id(parent, turn.answer))
+        except Exception:
+            self.metrics.store_write_errors.labels("response_id").inc()
+
+    # -- GET / DELETE /v1/responses/{id} -----------------------------------------------------
+
+    def owned(self, request: web.Request, response_id: str):
+        """The recorded response `response_id` if the request's tenant owns it; NotFound when
+        another tenant does (as if it did not exist); None when the gateway never recorded it."""
+        found = self.response_ids.find(response_id)
+        if found is None:
+            return None
+        if found.tenant != self.identity.tenant(request):
+            raise NotFound(f"No response found with id '{response_id}'.", param="response_id")
+        return found
+
+
+async def end_stream_with_error(response: web.StreamResponse, error: GatewayError) -> None:
+    """A started Responses stream ends with an ``error`` event (the SDK raises it) and the
+    connection closes: no ``response.completed`` follows, so the client never takes it for one."""
+    import contextlib
+
+    response.force_close()
+    code = error.told_code if hasattr(error, "told_code") else error.code
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        await response.write(encode({"type": "error", "code": code, "message": error.message, "param": error.param}))
+        await response.write_eof()
+
+
+async def _off_loop(raw: bytes):
+    import asyncio
+
+    return await asyncio.to_thread(parse_and_hash, raw)

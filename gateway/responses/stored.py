@@ -1,0 +1,44 @@
+"""GET / DELETE /v1/responses/{id} (and ``/input_items``) for the responses the gateway recorded.
+
+A response the gateway answered is read from the ledger and answered only for the tenant that
+owns its session; another tenant gets the same 404 as for an id that never existed. Ids the
+gateway never recorded go on to the pass-through route (and its rules for the operator's key).
+A delete makes the id unknown from then on (``previous_response_id`` and reads refuse it); the
+conversation's events stay in the ledger until the session itself is deleted.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from gateway.http.proxy import passthrough
+from gateway.keys import LEDGER, RESPONSES
+from policies.conversation import wire_items
+from store import call as store_call
+
+
+async def stored_response(request: web.Request) -> web.StreamResponse:
+    pipeline = request.app[RESPONSES]
+    response_id = request.match_info["response_id"]
+    found = pipeline.owned(request, response_id)
+    if found is None:
+        return await passthrough(request)
+    ledger = request.app[LEDGER]
+    if request.method == "DELETE":
+        pipeline.response_ids.forget(response_id)
+        return web.json_response({"id": response_id, "object": "response", "deleted": True})
+    events = await store_call(ledger.path_to, found.session_key, found.event_id)
+    if not events:
+        return await passthrough(request)
+    answer = events[-1]
+    if request.match_info.get("tail") == "input_items":
+        items = [item for event in events[:-1] for item in (wire_items(event.message, "responses") or [])]
+        data = [{"id": item.get("id") or f"item_{i}", **item} for i, item in enumerate(items)]
+        data.reverse()  # newest first, as the API lists them by default
+        return web.json_response({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+                                  "last_id": data[-1]["id"] if data else None, "has_more": False})
+    session = await store_call(ledger.session, found.session_key)
+    return web.json_response({
+        "id": response_id, "object": "response", "created_at": int(answer.created), "status": "completed",
+        "model": session.model if session else None, "output": wire_items(answer.message, "responses") or [],
+    })
