@@ -110,7 +110,7 @@ def input_items(value: Any) -> list[dict]:
 
 def is_output(item: dict) -> bool:
     kind = item.get("type", "message")
-    return isinstance(kind, str) and kind.endswith("_output") and "call_id" in item
+    return isinstance(kind, str) and kind.endswith("_output")
 
 
 def is_call(item: dict) -> bool:
