@@ -156,7 +156,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         settings=settings, upstream=upstream, ledger=ledger, identity=app[IDENTITY], metrics=metrics, views=views,
         recorder=recorder, response_ids=response_ids,
     )
-    responses.loop = ResponsesRecallLoop(record=responses.record, **loop_parts)
+    responses.loop = ResponsesRecallLoop(record=responses.record, transport=responses.transport, **loop_parts)
     app[RESPONSES] = responses
     app[INDEXER] = indexer
     flusher = asyncio.create_task(_flush_answers(ledger, turns), name="ledger-flush")

@@ -187,8 +187,9 @@ def tool_item(item: dict) -> dict:
                      FORMAT, [item])
 
 
-def to_neutral(items: list[dict]) -> tuple[list[dict], list[dict]]:
-    """(instructions, history) of a list of input items."""
+def to_neutral(items: list[dict], *, hoist: bool = True) -> tuple[list[dict], list[dict]]:
+    """(instructions, history) of a list of input items; with ``hoist`` False, system and
+    developer messages stay in the history where they are (instructions is then empty)."""
     instructions: list[dict] = []
     history: list[dict] = []
     group: list[dict] = []
@@ -202,7 +203,9 @@ def to_neutral(items: list[dict]) -> tuple[list[dict], list[dict]]:
         kind = item.get("type", "message")
         role = item.get("role")
         if kind == "message" and role in INSTRUCTION_ROLES:
-            instructions.append(with_wire({"role": "system", "content": content_parts(item.get("content"))}, FORMAT, [item]))
+            if not hoist:
+                flush()
+            (instructions if hoist else history).append(with_wire({"role": "system", "content": content_parts(item.get("content"))}, FORMAT, [item]))
         elif kind == "message" and role == "user":
             flush()
             history.append(with_wire({"role": "user", "content": content_parts(item.get("content"))}, FORMAT, [item]))

@@ -32,9 +32,10 @@ class ResponsesRecallLoop(RecallLoop):
     """``RecallLoop`` with Responses bodies, answers and streams; ``record`` is the pipeline's
     (the answer into the ledger, its response id remembered)."""
 
-    def __init__(self, *, record, **kw) -> None:
+    def __init__(self, *, record, transport, **kw) -> None:
         super().__init__(**kw)
         self.record = record  # ResponsesPipeline.record: the answer into the ledger, its id remembered
+        self.transport = transport  # ResponsesPipeline.transport: the upstream, or it through chat
 
     def _body(self, turn: Turn, messages: list[dict], with_recall: bool, stream: bool) -> bytes:
         tools = turn.view.tools if with_recall else turn.chat.body.get("tools")
@@ -44,8 +45,11 @@ class ResponsesRecallLoop(RecallLoop):
                 body.pop(key, None)
         return orjson.dumps(body)
 
-    def _post(self, request: web.Request, body: bytes):
-        return self.upstream.post(PATH, request.headers, body, drop=self._drop)
+    def _open(self, turn: Turn, request: web.Request, body: bytes):
+        return self.transport(turn.chat.model).post(PATH, request.headers, body, drop=self._drop)
+
+    def _reader(self, turn: Turn, up):
+        return self.transport(turn.chat.model).reader(up)
 
     def _calls(self, output: list, names: tuple[str, str]) -> tuple[list[dict], bool]:
         """The recall calls of an output (as neutral tool calls) and whether it also calls a
@@ -75,8 +79,8 @@ class ResponsesRecallLoop(RecallLoop):
         while True:
             with_recall = self._with_recall(turn)
             t0 = time.perf_counter()
-            async with self._post(request, self._body(turn, messages, with_recall, stream=False)) as up:
-                payload = await self.upstream.reader(up).read()
+            async with self._open(turn, request, self._body(turn, messages, with_recall, stream=False)) as up:
+                payload = await self._reader(turn, up).read()
                 turn.timing.waiting(t0)
                 headers = response_headers(up.headers, decoded=True)
                 status, reason = up.status, up.reason
@@ -132,9 +136,9 @@ class ResponsesRecallLoop(RecallLoop):
             while True:
                 with_recall = self._with_recall(turn)
                 t0 = time.perf_counter()
-                async with self._post(request, self._body(turn, messages, with_recall, stream=True)) as up:
+                async with self._open(turn, request, self._body(turn, messages, with_recall, stream=True)) as up:
                     turn.timing.waiting(t0)
-                    reader = self.upstream.reader(up)
+                    reader = self._reader(turn, up)
                     if up.status != 200 or "text/event-stream" not in up.headers.get("Content-Type", ""):
                         payload = await reader.read()
                         if response is None and with_recall and self._refused_tools(turn, up.status, payload):

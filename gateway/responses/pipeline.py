@@ -30,6 +30,7 @@ from gateway.http.identity import Identity
 from gateway.http.sse import SSEDecoder
 from gateway.http.upstream import Upstream, response_headers
 from gateway.keys import LOG_FIELDS, MODEL, REQUEST_ID, SESSION, TENANT
+from gateway.responses.chat_upstream import ChatUpstream
 from gateway.responses.stream import TERMINAL, encode
 from store import call as store_call
 from store.canonical import path_ids
@@ -151,6 +152,14 @@ class ResponsesPipeline:
 
     # -- forwarding --------------------------------------------------------------------------
 
+    def transport(self, model: str):
+        """The upstream, or the upstream seen through Chat Completions for a model configured
+        with ``api = "chat"``."""
+        configured = self.settings.models.get(model)
+        if configured is not None and configured.api == "chat":
+            return ChatUpstream(self.upstream)
+        return self.upstream
+
     def body(self, turn: Turn) -> bytes:
         if turn.view.messages is None:
             return turn.chat.raw
@@ -159,10 +168,11 @@ class ResponsesPipeline:
     async def _relay(self, request: web.Request, turn: Turn) -> web.StreamResponse:
         t0 = time.perf_counter()
         response: web.StreamResponse | None = None
+        transport = self.transport(turn.chat.model)
         try:
-            async with self.upstream.post(PATH, request.headers, self.body(turn), drop=self._drop) as up:
+            async with transport.post(PATH, request.headers, self.body(turn), drop=self._drop) as up:
                 turn.timing.waiting(t0)
-                reader = self.upstream.reader(up)
+                reader = transport.reader(up)
                 headers = response_headers(up.headers, decoded=True)
                 headers.update(turn.headers)
                 if up.status != 200 or "text/event-stream" not in up.headers.get("Content-Type", ""):

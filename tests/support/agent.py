@@ -59,3 +59,45 @@ async def drive_loop(client: openai.AsyncOpenAI, session: AgentLoopSession, *, m
             assert message.tool_calls[0].function.name == step["tool"], message
             history.append({"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": step["output"]})
     return history, raw
+
+
+RESPONSES_TOOLS = [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"],
+                    "parameters": t["function"]["parameters"]} for t in TOOL_SPECS]
+
+
+async def responses_turn(client: openai.AsyncOpenAI, items: list[dict], *, model: str, stream: bool = False,
+                         tools: list[dict] | None = None, **extra) -> tuple[list[dict], object]:
+    """One Responses call as Codex makes it (store false, the whole input every time): the
+    output items as the client keeps them, and the response."""
+    kw = dict(model=model, input=items, tools=RESPONSES_TOOLS if tools is None else tools, store=False, **extra)
+    if not stream:
+        response = await client.responses.create(**kw)
+    else:
+        response = None
+        async with client.responses.stream(**kw) as events:
+            async for _ in events:
+                pass
+            response = await events.get_final_response()
+    return [item.model_dump(exclude_none=True) for item in response.output], response
+
+
+async def drive_responses_loop(client: openai.AsyncOpenAI, session: AgentLoopSession, *, model: str,
+                               stream: bool = False, items: list[dict] | None = None) -> tuple[list[dict], list]:
+    """An agent-loop session over the Responses API: per turn one user message, then a call
+    after every tool output until the model answers in text. Returns the items and responses."""
+    items = items if items is not None else [{"type": "message", "role": "developer", "content": session.system}]
+    responses = []
+    for turn in session.turns:
+        items.append({"type": "message", "role": "user", "content": turn["user"]})
+        steps = iter(turn["steps"])
+        while True:
+            output, response = await responses_turn(client, items, model=model, stream=stream)
+            responses.append(response)
+            items.extend(output)
+            calls = [i for i in output if i["type"] == "function_call"]
+            if not calls:
+                break
+            step = next(steps)
+            assert calls[0]["name"] == step["tool"], calls
+            items.append({"type": "function_call_output", "call_id": calls[0]["call_id"], "output": step["output"]})
+    return items, responses
