@@ -69,7 +69,8 @@ async def responses_turn(client: openai.AsyncOpenAI, items: list[dict], *, model
                          tools: list[dict] | None = None, **extra) -> tuple[list[dict], object]:
     """One Responses call as Codex makes it (store false, the whole input every time): the
     output items as the client keeps them, and the response."""
-    kw = dict(model=model, input=items, tools=RESPONSES_TOOLS if tools is None else tools, store=False, **extra)
+    kw = dict(model=model, input=items, tools=RESPONSES_TOOLS if tools is None else tools, store=False,
+              include=["reasoning.encrypted_content"], **extra)
     if not stream:
         response = await client.responses.create(**kw)
     else:
