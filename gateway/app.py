@@ -31,6 +31,7 @@ from gateway.chat.turn import TurnRecorder
 from gateway.jobs.indexer import Indexer
 from gateway.recall.tools import RecallTools
 from gateway.keys import INDEXER, CHECKPOINTS, COUNTER, IDENTITY, LEDGER, METRICS, PIPELINE, RESPONSES, SETTINGS, SUMMARIZER, TURNS, UPSTREAM
+from gateway.responses.compaction import Compactor
 from gateway.responses.loop import ResponsesRecallLoop
 from gateway.responses.pipeline import ResponsesPipeline
 from gateway.responses.stored import stored_response
@@ -71,6 +72,10 @@ async def handle_responses(request: web.Request) -> web.StreamResponse:
     return await request.app[RESPONSES].handle(request)
 
 
+async def handle_compact(request: web.Request) -> web.StreamResponse:
+    return await request.app[RESPONSES].compact_route(request)
+
+
 def create_app(settings: Settings) -> web.Application:
     app = web.Application(
         middlewares=[request_log_middleware, error_middleware, body_middleware],
@@ -94,6 +99,7 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_get("/metrics", metrics_endpoint)
     app.router.add_post("/v1/chat/completions", handle_chat)
     app.router.add_post("/v1/responses", handle_responses)
+    app.router.add_post("/v1/responses/compact", handle_compact)
     app.router.add_route("GET", "/v1/responses/{response_id}", stored_response)
     app.router.add_route("DELETE", "/v1/responses/{response_id}", stored_response)
     app.router.add_route("GET", "/v1/responses/{response_id}/{tail:input_items}", stored_response)
@@ -155,6 +161,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     responses = ResponsesPipeline(
         settings=settings, upstream=upstream, ledger=ledger, identity=app[IDENTITY], metrics=metrics, views=views,
         recorder=recorder, response_ids=response_ids,
+        compactor=Compactor(ledger=ledger, checkpoints=checkpoints, summarizer=summarizer, views=views,
+                            secret=response_ids.secret()),
     )
     responses.loop = ResponsesRecallLoop(record=responses.record, transport=responses.transport, **loop_parts)
     app[RESPONSES] = responses

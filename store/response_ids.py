@@ -10,6 +10,7 @@ answered its previous request (session affinity) or passes through untouched.
 
 from __future__ import annotations
 
+import secrets
 import sqlite3
 import threading
 import time
@@ -41,7 +42,14 @@ class ResponseIds:
             "CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, session_key TEXT NOT NULL, "
             "event_id TEXT NOT NULL, created REAL NOT NULL, deleted INTEGER NOT NULL DEFAULT 0)")
         self._db.execute("CREATE INDEX IF NOT EXISTS responses_by_session ON responses (session_key)")
+        self._db.execute("CREATE TABLE IF NOT EXISTS secrets (name TEXT PRIMARY KEY, value BLOB NOT NULL)")
         self._lock = threading.Lock()
+
+    def secret(self) -> bytes:
+        """This store's signing secret (made once, kept): compaction items name checkpoints with it."""
+        with self._lock:
+            self._db.execute("INSERT OR IGNORE INTO secrets VALUES ('compaction', ?)", (secrets.token_bytes(32),))
+            return self._db.execute("SELECT value FROM secrets WHERE name = 'compaction'").fetchone()[0]
 
     def remember(self, response_id: str, session_key: str, event_id: str) -> None:
         with self._lock:

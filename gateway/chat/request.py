@@ -28,6 +28,7 @@ class ChatRequest:
     max_output_tokens: int = 0
     ids: list[str] = field(default_factory=list)
     format: str = "chat"  # the wire format the client spoke (gateway/formats/)
+    compact: bool = False  # the client asked for the conversation to be compacted (Responses: compaction_trigger)
 
 
 def _too_deep(body: dict) -> bool:

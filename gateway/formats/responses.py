@@ -72,12 +72,16 @@ def parse_responses_request(raw: bytes) -> ChatRequest:
     if max_out is not None and (not isinstance(max_out, int) or isinstance(max_out, bool) or max_out < 0):
         raise BadRequest("'max_output_tokens' must be a non-negative integer.", param="max_output_tokens")
     items = input_items(body.get("input"))
+    compact = bool(items) and items[-1].get("type") == "compaction_trigger"
+    if compact:
+        items = items[:-1]  # a request, not history: the gateway answers it (gateway/responses/compaction.py)
     leading: list[dict] = []
     if isinstance(instructions, str) and instructions:
         # Counted as an instruction; rendered nowhere (it stays in the body's own field).
         leading.append(with_wire({"role": "system", "content": instructions}, FORMAT, []))
     neutral_instructions, history = to_neutral(items)
-    return ChatRequest(raw, body, model, stream, leading + neutral_instructions, history, max_out or 0, format=FORMAT)
+    return ChatRequest(raw, body, model, stream, leading + neutral_instructions, history, max_out or 0, format=FORMAT,
+                       compact=compact)
 
 
 def input_items(value: Any) -> list[dict]:
@@ -212,6 +216,9 @@ def to_neutral(items: list[dict], *, hoist: bool = True) -> tuple[list[dict], li
         elif is_output(item):
             flush()
             history.append(tool_item(item))
+        elif kind == "compaction":
+            flush()  # a boundary: what came before it is what it stands for
+            history.append(assistant_item([item]))
         else:
             group.append(item)
     flush()

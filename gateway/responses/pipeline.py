@@ -25,7 +25,7 @@ from gateway.chat import offload
 from gateway.chat.turn import Timing, Turn, TurnRecorder, clean_usage
 from gateway.chat.views import View, ViewBuilder
 from gateway.formats import responses as fmt
-from gateway.http.errors import GatewayError, NotFound, UpstreamIncomplete
+from gateway.http.errors import BadRequest, GatewayError, NotFound, UpstreamIncomplete
 from gateway.http.identity import Identity
 from gateway.http.sse import SSEDecoder
 from gateway.http.upstream import Upstream, response_headers
@@ -74,7 +74,7 @@ def parse_and_hash(raw: bytes):
 
 class ResponsesPipeline:
     def __init__(self, *, settings, upstream: Upstream, ledger, identity: Identity, metrics, views: ViewBuilder,
-                 recorder: TurnRecorder, response_ids: ResponseIds, loop=None) -> None:
+                 recorder: TurnRecorder, response_ids: ResponseIds, compactor, loop=None) -> None:
         self.settings = settings
         self.upstream = upstream
         self.ledger = ledger
@@ -83,6 +83,7 @@ class ResponsesPipeline:
         self.views = views
         self.recorder = recorder
         self.response_ids = response_ids
+        self.compactor = compactor  # gateway/responses/compaction.py
         self.loop = loop  # ResponsesRecallLoop, set by the composition root (it records through `record`)
         self._drop = frozenset({settings.session.header.lower()})
 
@@ -99,6 +100,15 @@ class ResponsesPipeline:
             ids = path_ids(chat.history)
         if ref is None:
             ref = self.identity.session(request, tenant, ids[0] if ids else None)
+        rewritten = bool(prefix)  # the history is not the client's input as it came: always rendered
+        if self.compactor.ours(chat):
+            rewritten = True
+            ref = ref or await self._compacted_session(chat, tenant)
+            try:
+                await self.compactor.expand(chat, ref.key if ref is not None else "")
+            except LookupError:
+                raise BadRequest("The compaction item in 'input' was not made for this conversation.", param="input") from None
+            ids = path_ids(chat.history)
         if ref is not None and ids:
             synced = await store_call(self.ledger.sync, ref, chat.history, ids, chat.model)
             chat.ids = synced.ids
@@ -106,9 +116,12 @@ class ResponsesPipeline:
                 self.metrics.ledger_events.labels("message").inc(synced.added)
             request[SESSION] = ref.key
         auth = {h: v for h in ("Authorization", "api-key") if (v := request.headers.get(h))} or None
+        if chat.compact and ref is not None and ids:
+            item = await self._compact(chat, ref, auth)
+            return await self.compactor.answer_trigger(request, chat, item, {"x-request-id": request.get(REQUEST_ID, "")})
         view = await offload.build_view(self.views, chat, ref, auth) if ref is not None and ids else View()
-        if prefix and view.messages is None:
-            view.messages = [*chat.instructions, *chat.history]  # the chain must go up whole
+        if rewritten and view.messages is None:
+            view.messages = [*chat.instructions, *chat.history]
         turn = Turn(chat, ref, model_label, timing, view, auth=auth, route=ROUTE)
         turn.headers["x-request-id"] = request.get(REQUEST_ID, "")
         if ref is not None:
@@ -149,6 +162,40 @@ class ResponsesPipeline:
         if record is None:
             return None, []
         return SessionRef(record.tenant, record.session_id), [e.message for e in events]
+
+    async def _compacted_session(self, chat, tenant: str) -> SessionRef | None:
+        """The session a compaction item of this gateway names, when the request names none
+        and the item is the tenant's own."""
+        for message in chat.history:
+            for key, _ in self.compactor.refs(message):
+                record = await store_call(self.ledger.session, key)
+                if record is not None and record.tenant == tenant:
+                    return SessionRef(record.tenant, record.session_id)
+        return None
+
+    async def _compact(self, chat, ref: SessionRef, auth) -> dict:
+        policy = self.views.policy_for(chat.model, ref)
+        window = await self.views.windows.window(chat.model, auth)
+        budget = max(1, window - chat.max_output_tokens - policy.reserve_tokens)
+        self.metrics.summary_enqueued.labels("client").inc()
+        return await self.compactor.compact(chat, ref, policy, auth, budget)
+
+    async def compact_route(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/responses/compact``: answered from the gateway's checkpoint for a request
+        with a session; without one, the provider's own endpoint (pass-through)."""
+        from gateway.http.proxy import passthrough
+
+        tenant = self.identity.tenant(request)
+        raw = await request.read()
+        chat, ids = parse_and_hash(raw)
+        ref = self.identity.session(request, tenant, ids[0] if ids else None)
+        if ref is None or not ids:
+            return await passthrough(request)
+        synced = await store_call(self.ledger.sync, ref, chat.history, ids, chat.model)
+        chat.ids = synced.ids
+        auth = {h: v for h in ("Authorization", "api-key") if (v := request.headers.get(h))} or None
+        item = await self._compact(chat, ref, auth)
+        return web.json_response(self.compactor.compacted(chat, item), headers={"x-request-id": request.get(REQUEST_ID, "")})
 
     # -- forwarding --------------------------------------------------------------------------
 
