@@ -177,8 +177,14 @@ def keep(state: PuppetState, response: dict[str, Any], items: list[dict[str, Any
     """Store the response with ids on every input item, as input_items lists them."""
     context = []
     for item in items:
+        if item_type(item) == "message":  # listed as the provider normalises them
+            content = item["content"]
+            if isinstance(content, str):
+                kind = "output_text" if item["role"] == "assistant" else "input_text"
+                content = [{"type": kind, "text": content}]
+            item = {"type": "message", **item, "content": content}
         if not isinstance(item.get("id"), str):
-            item = {"id": f"item_puppet{state.next_id():012d}", **item}
+            item = {"id": f"msg_puppet{state.next_id():012d}", **item}
         context.append(item)
     state.responses[response["id"]] = {"response": response, "context": context,
                                        "output": response["output"]}
