@@ -310,6 +310,7 @@ def example_toml() -> str:
         "# /v1/models (context_length, max_model_len, ...), else a conservative default is used.",
         '# [models."gpt-4o"]',
         "# context_window = 128000",
+        '# api = "responses"   # "chat": the upstream serves only /v1/chat/completions; Responses requests are translated',
         "",
         "# Named tenants: requests whose API key matches are stored under the tenant's name instead",
         "# of a hash of the key. Keys are compared in constant time and never logged.",
