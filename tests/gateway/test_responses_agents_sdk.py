@@ -14,6 +14,7 @@ import pytest
 
 from simulator.workloads import agent_loop_session
 from tests.gateway.test_agent_loops import assert_valid_and_fits, forwarded, is_placeholder
+from tests.gateway.test_responses import PLACEHOLDER, assert_responses_valid, responses_bodies
 from tests.support.agent import settle
 
 try:
@@ -42,11 +43,12 @@ def agent_for(gw, session, name: str):
                         model=agents.OpenAIResponsesModel(model="fake-32k", openai_client=client))
 
 
+@pytest.mark.parametrize("api", ["responses", "chat"])
 @pytest.mark.parametrize("stream", [False, True])
-async def test_runner_finishes_a_long_tool_loop_through_the_gateway(start_gateway, upstream, stream):
-    gw = await start_gateway(models={"fake-32k": {"context_window": 32_000, "api": "chat"}})
+async def test_runner_finishes_a_long_tool_loop_through_the_gateway(start_gateway, upstream, stream, api):
+    gw = await start_gateway(models={"fake-32k": {"context_window": 32_000, "api": api}})
     session = agent_loop_session(seed=11, turns=1, calls=CALLS)
-    agent = agent_for(gw, session, f"agents-{stream}")
+    agent = agent_for(gw, session, f"agents-{stream}-{api}")
     task = session.turns[0]["user"]
     if stream:
         result = agents.Runner.run_streamed(agent, task, max_turns=CALLS + 5)
@@ -58,9 +60,14 @@ async def test_runner_finishes_a_long_tool_loop_through_the_gateway(start_gatewa
     calls = [i for i in result.new_items if i.type == "tool_call_item"]
     assert len(calls) == CALLS
     assert str(result.final_output).startswith("Tool ")
-    bodies = forwarded(upstream)
-    assert_valid_and_fits(bodies)
-    assert any(is_placeholder(m) for m in bodies[-1]["messages"])
+    if api == "chat":
+        bodies = forwarded(upstream)
+        assert_valid_and_fits(bodies)
+        assert any(is_placeholder(m) for m in bodies[-1]["messages"])
+    else:
+        bodies = responses_bodies(upstream)
+        assert_responses_valid(upstream, bodies)
+        assert PLACEHOLDER in str(bodies[-1]["input"])
     # A fact from early in the loop comes back, through the gateway's recall.
     fact = session.facts[0]
     follow = await agents.Runner.run(agent, [*result.to_input_list(), {"role": "user", "content": f"RECALL: {fact.question}"}])

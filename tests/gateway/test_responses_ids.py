@@ -1,0 +1,75 @@
+"""previous_response_id chains and response ids, as the gateway records them: rebuilt from the
+ledger (so the view can compact the whole chain), and scoped to the tenant that owns them."""
+
+from __future__ import annotations
+
+import aiohttp
+import openai
+import pytest
+
+from tests.gateway.test_responses import gateway_config, responses_bodies
+from tests.support.agent import RESPONSES_TOOLS
+
+TENANTS = {"alice": "pk-alice", "bob": "pk-bob"}
+
+
+def client(gw, key: str, session: str | None = "chain") -> openai.AsyncOpenAI:
+    headers = {"X-Session-Id": session} if session else {}
+    return openai.AsyncOpenAI(base_url=gw.base_url, api_key=key, default_headers=headers, max_retries=0)
+
+
+async def start(start_gateway):
+    return await start_gateway(**gateway_config("responses"), tenants=TENANTS, server={"client_keys": "required"})
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_previous_response_id_chain_goes_up_whole_from_the_ledger(start_gateway, upstream, stream):
+    gw = await start(start_gateway)
+    alice = client(gw, "pk-alice")
+    first = await alice.responses.create(model="fake-32k", input='[[call read_file {"target": "/srv/a.py"}]]',
+                                         tools=RESPONSES_TOOLS, store=False)
+    call = next(i for i in first.output if i.type == "function_call")
+    kw = dict(model="fake-32k", previous_response_id=first.id, tools=RESPONSES_TOOLS, store=False,
+              input=[{"type": "function_call_output", "call_id": call.call_id, "output": "print('hello')"}])
+    if stream:
+        async with alice.responses.stream(**kw) as events:
+            second = await events.get_final_response()
+    else:
+        second = await alice.responses.create(**kw)
+    assert second.output_text.startswith("Tool read_file returned")
+    body = responses_bodies(upstream)[-1]
+    assert "previous_response_id" not in body  # the gateway sent the chain itself (the upstream stored nothing)
+    kinds = [i.get("type", "message") for i in body["input"]]
+    assert kinds == ["message", "function_call", "function_call_output"]
+    third = await alice.responses.create(model="fake-32k", previous_response_id=second.id, input="and now?", store=False)
+    assert third.output_text.startswith("ok:")
+    assert len(responses_bodies(upstream)[-1]["input"]) == 5
+
+
+async def test_another_tenant_cannot_continue_read_or_delete_a_recorded_response(start_gateway, upstream):
+    gw = await start(start_gateway)
+    alice = client(gw, "pk-alice")
+    first = await alice.responses.create(model="fake-32k", input="alice's secret plan", store=False)
+    bob = client(gw, "pk-bob", session=None)
+    # Bob's chain from alice's id is not rebuilt: the id passes on to the upstream, which never stored it.
+    with pytest.raises(openai.BadRequestError):
+        await bob.responses.create(model="fake-32k", previous_response_id=first.id, input="continue", store=False)
+    assert "alice's secret plan" not in str(responses_bodies(upstream)[-1])
+    async with aiohttp.ClientSession() as http:
+        url = f"{gw.base_url}/responses/{first.id}"
+        for method in ("GET", "DELETE"):
+            async with http.request(method, url, headers={"Authorization": "Bearer pk-bob"}) as response:
+                assert response.status == 404
+                assert "secret" not in await response.text()
+        async with http.get(f"{url}/input_items", headers={"Authorization": "Bearer pk-bob"}) as response:
+            assert response.status == 404
+        async with http.get(url, headers={"Authorization": "Bearer pk-alice"}) as response:
+            assert response.status == 200
+            data = await response.json()
+            assert data["id"] == first.id and data["output"][0]["content"][0]["text"].startswith("ok:")
+        async with http.get(f"{url}/input_items", headers={"Authorization": "Bearer pk-alice"}) as response:
+            assert "alice's secret plan" in await response.text()
+        async with http.delete(url, headers={"Authorization": "Bearer pk-alice"}) as response:
+            assert (await response.json())["deleted"] is True
+    with pytest.raises(openai.BadRequestError):  # deleted: the gateway no longer knows it
+        await alice.responses.create(model="fake-32k", previous_response_id=first.id, input="continue", store=False)
