@@ -38,9 +38,10 @@ from simulator.errors import SIMULATED_NOTICE, PuppetError, error_middleware, in
 from simulator.extra_routes import (EMBEDDING_DIM, RECORD_BODY_LIMIT, dumps, echo, echo_gzip,
                                     echo_stream, embeddings, unit_vector)
 from simulator.options import add_arguments
+from simulator import messages, responses
 from simulator.script import RECALL_ANSWER_CHARS, Answer, decide, markers
 from simulator.state import (DEFAULT_MODELS, FIXTURE_MODELS, PUPPET_STATE, RECEIVED, PuppetState,
-                             cached_tokens, record)
+                             cached_tokens, record, summary_faults)
 from simulator.streaming import ratelimit_headers, stream_completion
 from simulator.summary import SUMMARY_WORD_LIMIT, render_summary
 from simulator.validation import VALID_ROLES, check_window, parse_json_body, validate_chat
@@ -139,18 +140,6 @@ def model_card(model: str, window: int) -> dict[str, Any]:
             "max_model_len": window}
 
 
-async def summary_faults(state: PuppetState) -> None:
-    """Summary calls only: the failures and delay of a weak or rate-limited summary model."""
-    status = state.summary_failures.pop(0) if state.summary_failures else state.summary_status
-    if status:
-        error = injected_failure(status)
-        if status == 429:
-            error.headers["retry-after"] = state.retry_after
-        raise error
-    if state.summary_latency_s:
-        await asyncio.sleep(state.summary_latency_s)
-
-
 async def list_models(request: web.Request) -> web.Response:
     state = request.app[PUPPET_STATE]
     await record(request, b"", None)
@@ -191,6 +180,8 @@ def create_puppet_app(*, default_window: int = 128_000, windows: dict[str, int] 
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", get_model)
     app.router.add_post("/v1/embeddings", embeddings)
+    responses.add_routes(app)
+    messages.add_routes(app)
     app.router.add_route("*", "/v1/echo/gzip", echo_gzip)
     app.router.add_route("*", "/v1/echo/stream", echo_stream)
     app.router.add_route("*", "/v1/{tail:.*}", echo)

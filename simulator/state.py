@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -9,7 +11,7 @@ import orjson
 from aiohttp import web
 
 from simulator.counting import count_message, window_for
-from simulator.errors import PuppetError
+from simulator.errors import PuppetError, injected_failure
 from simulator.options import DEFAULT_MODELS, FIXTURE_MODELS, MODEL_FAMILIES
 
 
@@ -43,6 +45,14 @@ class PuppetState:
     retry_after: str = "1"
     summary_latency_s: float = 0.0
     summary_format: str = "follow"
+    # Responses kept by id (``store`` not false): {"response", "context", "output"}.
+    responses: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # function_call id -> the reasoning item id that was emitted right before it.
+    bound_reasoning: dict[str, str] = field(default_factory=dict)
+    # Anthropic prompt cache: prefix digests written at breakpoints -> their token length.
+    cache_written: dict[str, dict[bytes, int]] = field(default_factory=dict)
+    # Signs reasoning encrypted_content, thinking signatures and compaction items.
+    secret: bytes = field(default_factory=lambda: os.urandom(32))
 
     def next_id(self) -> int:
         self.counter += 1
@@ -86,8 +96,14 @@ async def record(request: web.Request, body: bytes, parsed: Any) -> None:
 
 def cached_tokens(state: PuppetState, model: str, messages: list[dict[str, Any]]) -> int:
     keyed = [(orjson.dumps(m, option=orjson.OPT_SORT_KEYS), count_message(m)) for m in messages]
-    previous = state.last_prompt.get(model, [])
-    state.last_prompt[model] = keyed
+    return cached_prefix(state, model, keyed)
+
+
+def cached_prefix(state: PuppetState, key: str, keyed: list[tuple[bytes, int]]) -> int:
+    """OpenAI's rule: the prefix shared with the previous request under `key`, counted when it
+    is at least 1024 tokens, in steps of 128. `keyed` is (item bytes, item tokens) in order."""
+    previous = state.last_prompt.get(key, [])
+    state.last_prompt[key] = keyed
     shared = 0
     for (key, tokens), (before, _) in zip(keyed, previous):
         if key != before:
@@ -95,3 +111,15 @@ def cached_tokens(state: PuppetState, model: str, messages: list[dict[str, Any]]
         shared += tokens
     return 0 if shared < 1024 else shared // 128 * 128
 
+
+
+async def summary_faults(state: PuppetState) -> None:
+    """Summary calls only: the failures and delay of a weak or rate-limited summary model."""
+    status = state.summary_failures.pop(0) if state.summary_failures else state.summary_status
+    if status:
+        error = injected_failure(status)
+        if status == 429:
+            error.headers["retry-after"] = state.retry_after
+        raise error
+    if state.summary_latency_s:
+        await asyncio.sleep(state.summary_latency_s)

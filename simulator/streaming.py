@@ -48,14 +48,14 @@ async def stream_completion(request: web.Request, head: dict[str, Any],
             first = {"role": "assistant", "content": None if calls else "", "refusal": None}
             await send(i, first)
             if stall_s:
-                await _stall(request, stall_s)
-            for piece in _pieces(message["content"] or "", state.chunk_chars):
+                await stall(request, stall_s)
+            for piece in pieces(message["content"] or "", state.chunk_chars):
                 await send(i, {"content": piece})
             for k, call in enumerate(calls):
                 fn = call["function"]
                 await send(i, {"tool_calls": [{"index": k, "id": call["id"], "type": "function",
                                                "function": {"name": fn["name"], "arguments": ""}}]})
-                for piece in _pieces(fn["arguments"], state.chunk_chars):
+                for piece in pieces(fn["arguments"], state.chunk_chars):
                     await send(i, {"tool_calls": [{"index": k, "function": {"arguments": piece}}]})
             await send(i, {}, choice["finish_reason"])
         if include_usage:
@@ -68,7 +68,7 @@ async def stream_completion(request: web.Request, head: dict[str, Any],
     return response
 
 
-async def _stall(request: web.Request, seconds: float) -> None:
+async def stall(request: web.Request, seconds: float) -> None:
     """Sleep, but notice a client that went away (handler cancellation is off by default)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -78,7 +78,7 @@ async def _stall(request: web.Request, seconds: float) -> None:
         await asyncio.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
 
 
-def _pieces(text: str, size: int) -> list[str]:
+def pieces(text: str, size: int) -> list[str]:
     size = max(1, size)
     return [text[k:k + size] for k in range(0, len(text), size)]
 
