@@ -200,3 +200,71 @@ async def test_overloaded_is_passed_through_as_the_upstream_sent_it(upstream, st
         await client_for(gw).messages.create(model="fake-32k", max_tokens=64, messages=[{"role": "user", "content": "hi"}],
                                              extra_headers=headers("s-529"))
     assert failed.value.status_code == 529 and failed.value.body["error"]["type"] == "overloaded_error"
+
+
+async def post_raw(gw, key: str, session: str) -> tuple[int, dict]:
+    """A request that carries its key in x-api-key only, as Claude Code sends it."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http:
+        async with http.post(gw.root + "/v1/messages?beta=true", json={
+                "model": "fake-32k", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]},
+                headers={"x-api-key": key, "anthropic-version": "2023-06-01", **headers(session)}) as resp:
+            return resp.status, await resp.json()
+
+
+async def test_x_api_key_is_a_credential_and_the_operator_key_goes_upstream_in_it(upstream, start_gateway):
+    gw = await start_gateway(upstream={"api_key": "sk-operator"}, tenants={"team": "sk-ant-team"})
+    status, answer = await post_raw(gw, "sk-ant-team", "s-key")
+    assert status == 200 and answer["type"] == "message"
+    sent = upstream.received[-1]
+    assert sent["path"] == "/v1/messages" and sent["headers"].get("x-api-key") == "sk-operator"
+    assert "authorization" not in sent["headers"]
+    status, denied = await post_raw(gw, "sk-ant-nobody", "s-key")
+    assert status == 401 and denied["error"]["type"] == "authentication_error"
+    plain = await start_gateway()
+    status, _ = await post_raw(plain, "sk-ant-own", "s-key2")
+    assert status == 200 and upstream.received[-1]["headers"].get("x-api-key") == "sk-ant-own"
+
+
+async def test_mid_conversation_system_messages_stay_in_place_through_the_gateway(upstream, start_gateway):
+    gw = await start_gateway()
+    history = [{"role": "user", "content": "first"},
+               {"role": "system", "content": "Available agent types: claude, Explore."},
+               {"role": "assistant", "content": "ok"},
+               {"role": "user", "content": "second"}]
+    message = await client_for(gw).messages.create(model="fake-32k", max_tokens=64, messages=history,
+                                                   extra_headers=headers("s-mid"))
+    assert message.content[0].text.startswith("ok: second")
+    assert messages_requests(upstream)[-1]["messages"] == history
+
+
+async def test_windows_of_an_anthropic_upstream_and_of_well_known_claude_models(upstream, start_gateway):
+    from gateway.keys import UPSTREAM
+    from gateway.chat.windows import Windows
+
+    gw = await start_gateway(upstream={"format": "anthropic", "api_key": "sk-operator"})
+    windows = Windows({}, gw.app[UPSTREAM])
+    assert await windows.window("fake-32k") == 32_000  # the models endpoint, asked the Anthropic way
+    asked = [r for r in upstream.received if r["path"] == "/v1/models"][-1]["headers"]
+    assert asked.get("x-api-key") == "sk-operator" and asked.get("anthropic-version")
+    assert await windows.window("claude-sonnet-4-5-20250929") == 200_000  # the table of well-known models
+
+
+async def test_a_stream_that_stalls_ends_with_anthropics_error_event(upstream, start_gateway):
+    import aiohttp
+
+    gw = await start_gateway(upstream={"idle_timeout_s": 0.3})
+    async with aiohttp.ClientSession() as http:
+        async with http.post(gw.root + "/v1/messages", json={
+                "model": "fake-32k", "max_tokens": 64, "stream": True,
+                "messages": [{"role": "user", "content": "hi [[stall 2]]"}]},
+                headers={"x-api-key": "k", "anthropic-version": "2023-06-01", **headers("s-stall")}) as resp:
+            text = (await resp.read()).decode()
+    assert text.startswith("event: message_start")
+    assert "event: error\ndata: " in text and '"type":"timeout_error"' in text
+    assert "message_stop" not in text
+    with pytest.raises(anthropic.APIStatusError):
+        async with client_for(gw).messages.stream(model="fake-32k", max_tokens=64, extra_headers=headers("s-stall2"),
+                                                  messages=[{"role": "user", "content": "hi [[stall 2]]"}]) as s:
+            await s.get_final_message()
