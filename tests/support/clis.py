@@ -1,0 +1,135 @@
+"""Real coding-agent CLIs in tests: Codex CLI (``codex exec``) and Claude Code (``claude -p``).
+
+The binaries come from the npm packages pinned in tests/support/cli-packages.txt; ``.ci/run``
+installs them into ``.clients/`` at the repository root (by hand: ``npm install --prefix .clients
+$(cat tests/support/cli-packages.txt)``). `find_cli` looks there, then in ``$PALIMPSEST_CLIENTS``
+(another install folder), then on PATH. Each run gets a fresh HOME (and CODEX_HOME) in a temp
+folder, talks only to the given loopback base URL, and is killed at its timeout.
+
+What each needs of a server (recorded from the real clients, tests/fixtures/wire/):
+- Codex: ``POST {base_url}/responses`` only, streamed; it needs ``response.completed`` (else
+  "stream closed before response.completed") and reads items from ``response.output_item.done``.
+  A 400 ``context_length_exceeded`` ends it with "ran out of room in the model's context window".
+- Claude Code: ``HEAD /`` (any answer), then streamed ``POST /v1/messages`` with
+  ``thinking: {"type": "adaptive"}`` and mid-conversation ``system`` messages; a 400 "prompt is
+  too long: N tokens > M maximum" is what makes it compact (or give up on a single exchange).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+_PINNED = (Path(__file__).with_name("cli-packages.txt")).read_text().split()
+PACKAGES = {"codex": next(p for p in _PINNED if p.startswith("@openai/codex@")),
+            "claude": next(p for p in _PINNED if p.startswith("@anthropic-ai/claude-code@"))}
+CLIENTS_DIR = ROOT / ".clients"
+# Only what the CLIs need from the parent environment: no keys, proxies or client settings leak in.
+_KEEP_ENV = ("PATH", "LANG", "LC_ALL", "TERM", "TMPDIR", "TZ")
+
+
+@dataclass
+class CliRun:
+    returncode: int | None  # None: killed at the timeout
+    stdout: str
+    stderr: str
+    home: Path
+
+
+def find_cli(name: str) -> str | None:
+    """The path of `name` ("codex" or "claude"), or None when it is not installed."""
+    folders = [CLIENTS_DIR]
+    if os.environ.get("PALIMPSEST_CLIENTS"):
+        folders.append(Path(os.environ["PALIMPSEST_CLIENTS"]))
+    for folder in folders:
+        binary = folder / "node_modules" / ".bin" / name
+        if binary.exists():
+            return str(binary)
+    return shutil.which(name)
+
+
+def require_cli(name: str) -> str:
+    """The CLI's path; skips the test without it, fails under CI (``.ci/run`` installs it)."""
+    binary = find_cli(name)
+    if binary is None:
+        message = (f"{name} is not installed (npm package {PACKAGES[name]}; .ci/run installs it "
+                   f"into {CLIENTS_DIR})")
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return binary
+
+
+def _env(home: Path, extra: dict[str, str]) -> dict[str, str]:
+    env = {k: os.environ[k] for k in _KEEP_ENV if k in os.environ}
+    env.update(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"), NO_COLOR="1", **extra)
+    return env
+
+
+async def _run(argv: list[str], env: dict[str, str], cwd: Path, timeout_s: float) -> tuple[int | None, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        *argv, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), timeout_s)
+        code: int | None = process.returncode
+    except asyncio.TimeoutError:
+        os.killpg(process.pid, 9)  # its own session: the CLI and the commands it started
+        out, err = await process.communicate()
+        code = None
+    return code, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def codex_config(base_url: str, model: str) -> str:
+    return (f'model = "{model}"\nmodel_provider = "sim"\n\n[model_providers.sim]\nname = "sim"\n'
+            f'base_url = "{base_url}"\nwire_api = "responses"\nenv_key = "SIM_API_KEY"\n'
+            "request_max_retries = 0\nstream_max_retries = 0\n")
+
+
+def _home(home: Path | None, prefix: str) -> Path:
+    home = Path(tempfile.mkdtemp(prefix=prefix)) if home is None else home
+    home.mkdir(parents=True, exist_ok=True)
+    return home
+
+
+async def run_codex(base_url: str, prompt: str, *, model: str = "fake-128k",
+                    timeout_s: float = 110.0, api_key: str = "sk-sim-codex",
+                    home: Path | None = None) -> CliRun:
+    """``codex exec PROMPT`` against `base_url` (ending in /v1), no sandbox, no approvals."""
+    binary = require_cli("codex")
+    home = _home(home, "codex-home-")
+    (home / ".codex").mkdir()
+    (home / ".codex" / "config.toml").write_text(codex_config(base_url, model))
+    work = home / "work"
+    work.mkdir()
+    env = _env(home, {"CODEX_HOME": str(home / ".codex"), "SIM_API_KEY": api_key})
+    argv = [binary, "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
+            prompt]
+    code, out, err = await _run(argv, env, work, timeout_s)
+    return CliRun(code, out, err, home)
+
+
+async def run_claude(base_url: str, prompt: str, *, model: str = "fake-128k",
+                     timeout_s: float = 110.0, max_output_tokens: int = 4096,
+                     api_key: str = "sk-ant-sim", home: Path | None = None) -> CliRun:
+    """``claude -p PROMPT --allowedTools Bash`` against `base_url` (the root, without /v1)."""
+    binary = require_cli("claude")
+    home = _home(home, "claude-home-")
+    work = home / "work"
+    work.mkdir()
+    env = _env(home, {
+        "ANTHROPIC_BASE_URL": base_url.removesuffix("/v1"), "ANTHROPIC_API_KEY": api_key,
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(max_output_tokens),
+        # Loopback only: no telemetry, error reports, update checks or other side traffic.
+        "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1"})
+    argv = [binary, "-p", prompt, "--allowedTools", "Bash", "--model", model]
+    code, out, err = await _run(argv, env, work, timeout_s)
+    return CliRun(code, out, err, home)
