@@ -15,6 +15,10 @@ Messages map onto neutral items (``policies/conversation.py``):
   blocks (text; images and documents are opaque parts). An API round therefore is the assistant
   message plus the next user message's results, as ``policies/rounds.py`` sees it.
 
+The gateway's own system items go after the client's ``system`` when they lead the view (the
+summary block, the recall note) and, inside the conversation (proactive recall before the
+newest user message), as a text block of the user message they precede.
+
 ``cache_control`` markers are never identity (they move every turn): the neutral copy leaves
 them out. A provider ``compaction`` block is a boundary: the conversation starts at the newest
 message holding one, as Anthropic reads it.
@@ -304,18 +308,27 @@ def render_messages(messages: list[dict]) -> tuple[list[dict], list[str]]:
             out.append({"role": role, "content": blocks})
         pending.clear()
 
+    started = False  # a conversation item was rendered: the gateway's system items go in place from here
     for message in messages:
         role = message.get("role")
         if role in ("system", "developer"):
             items = wire_items(message, FORMAT)
             if items is None:
                 content = message.get("content")
-                system.append(content if isinstance(content, str) else "\n".join(
-                    b.get("text", "") for b in content_blocks(content)))
+                text = content if isinstance(content, str) else "\n".join(b.get("text", "") for b in content_blocks(content))
+                if not started:
+                    system.append(text)
+                    continue
+                # Inside the conversation (proactive recall before the newest user message): a
+                # text block of the user message it precedes, so the prefix before it stays cached.
+                if pending and pending[0][0] != "user":
+                    flush()
+                pending.append(("user", [{"type": "text", "text": text}], False))
             elif items:
                 flush()
                 out.extend(items)
             continue
+        started = True
         side = "assistant" if role == "assistant" else "user"
         if pending and pending[0][0] != side:
             flush()

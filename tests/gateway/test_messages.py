@@ -18,6 +18,9 @@ SYSTEM = [{"type": "text", "text": "You are a coding agent."},
           {"type": "text", "text": "Work in the repository; be terse.", "cache_control": {"type": "ephemeral"}}]
 THINKING = {"type": "enabled", "budget_tokens": 1024}
 ECONOMY = {"profile": "economy", "summary_trigger_ratio": 0.3}
+# The client's own server-side edits (tool-result and thinking clearing) go upstream as it sent them.
+EDITS = {"edits": [{"type": "clear_thinking_20251015", "keep": "all"},
+                   {"type": "clear_tool_uses_20250919", "trigger": {"type": "input_tokens", "value": 100_000}}]}
 
 
 def client_for(gw, key: str = "sk-ant-client") -> anthropic.AsyncAnthropic:
@@ -56,7 +59,7 @@ async def run_loop(client, session: str, steps: int, *, stream: bool = False, mo
     answers = []
     for step in range(1, steps + 1):
         kw = dict(model=model, max_tokens=2048, system=SYSTEM, tools=[BASH], messages=history, thinking=THINKING,
-                  extra_headers=headers(session))
+                  extra_headers=headers(session), extra_body={"context_management": EDITS})
         if stream:
             async with client.messages.stream(**kw) as s:
                 message = await s.get_final_message()
@@ -112,6 +115,7 @@ async def test_long_thinking_tool_loop_on_32k_compacts_and_is_accepted(upstream,
     assert {r["path"] for r in summaries} == {wanted}  # summary jobs speak the upstream's format
     assert any("<session_summary>" in b["text"] for b in sent[-1]["system"] if isinstance(b, dict))
     for body in sent:
+        assert body["context_management"] == EDITS
         assert count_breakpoints(body) <= 4
         roles = [m["role"] for m in body["messages"] if m["role"] != "system"]
         assert roles[0] == "user" and all(a != b for a, b in zip(roles, roles[1:]))

@@ -143,3 +143,14 @@ def test_malformed_bodies_are_400(broken):
     b = {**body(), **broken}
     with pytest.raises(BadRequest):
         parse(b)
+
+
+def test_a_gateway_block_inside_the_conversation_joins_the_next_user_message():
+    chat = parse(body())
+    view = [*chat.instructions, *chat.history[:2], chat.history[2],
+            {"role": "system", "content": "<recalled>old facts</recalled>"}, {"role": "user", "content": "next question"}]
+    out = fmt.render_body(chat, view, None)
+    assert out["system"] == FIXTURE["body"]["system"]  # the client's system prefix is untouched
+    last = out["messages"][-1]
+    assert [b["type"] for b in last["content"]] == ["tool_result", "text", "text"]
+    assert last["content"][1]["text"] == "<recalled>old facts</recalled>"
