@@ -30,7 +30,9 @@ from gateway.chat.recall_loop import RecallLoop
 from gateway.chat.turn import TurnRecorder
 from gateway.jobs.indexer import Indexer
 from gateway.recall.tools import RecallTools
-from gateway.keys import INDEXER, CHECKPOINTS, COUNTER, IDENTITY, LEDGER, METRICS, PIPELINE, RESPONSES, SETTINGS, SUMMARIZER, TURNS, UPSTREAM
+from gateway.keys import INDEXER, CHECKPOINTS, COUNTER, IDENTITY, LEDGER, MESSAGES, METRICS, PIPELINE, RESPONSES, SETTINGS, SUMMARIZER, TURNS, UPSTREAM
+from gateway.messages.loop import MessagesRecallLoop
+from gateway.messages.pipeline import MessagesPipeline
 from gateway.responses.compaction import Compactor
 from gateway.responses.loop import ResponsesRecallLoop
 from gateway.responses.pipeline import ResponsesPipeline
@@ -76,6 +78,14 @@ async def handle_compact(request: web.Request) -> web.StreamResponse:
     return await request.app[RESPONSES].compact_route(request)
 
 
+async def handle_messages(request: web.Request) -> web.StreamResponse:
+    return await request.app[MESSAGES].handle(request)
+
+
+async def handle_count_tokens(request: web.Request) -> web.StreamResponse:
+    return await request.app[MESSAGES].count_tokens(request)
+
+
 def create_app(settings: Settings) -> web.Application:
     app = web.Application(
         middlewares=[request_log_middleware, error_middleware, body_middleware],
@@ -100,6 +110,8 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_post("/v1/chat/completions", handle_chat)
     app.router.add_post("/v1/responses", handle_responses)
     app.router.add_post("/v1/responses/compact", handle_compact)
+    app.router.add_post("/v1/messages", handle_messages)
+    app.router.add_post("/v1/messages/count_tokens", handle_count_tokens)
     app.router.add_route("GET", "/v1/responses/{response_id}", stored_response)
     app.router.add_route("DELETE", "/v1/responses/{response_id}", stored_response)
     app.router.add_route("GET", "/v1/responses/{response_id}/{tail:input_items}", stored_response)
@@ -118,6 +130,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         first_byte_timeout=settings.upstream.first_byte_timeout_s,
         idle_timeout=settings.upstream.idle_timeout_s,
         max_connections=settings.upstream.max_connections,
+        format=settings.upstream.format,
     )
     await upstream.start()
     ledger, checkpoints = open_stores(settings.store)  # embedded, or PostgreSQL with store.url
@@ -166,6 +179,12 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     )
     responses.loop = ResponsesRecallLoop(record=responses.record, transport=responses.transport, **loop_parts)
     app[RESPONSES] = responses
+    messages = MessagesPipeline(
+        settings=settings, upstream=upstream, ledger=ledger, identity=app[IDENTITY], metrics=metrics, views=views,
+        recorder=recorder,
+    )
+    messages.loop = MessagesRecallLoop(**loop_parts)
+    app[MESSAGES] = messages
     app[INDEXER] = indexer
     flusher = asyncio.create_task(_flush_answers(ledger, turns), name="ledger-flush")
     retention = (asyncio.create_task(_retention(settings.store.retention_days, ledger, checkpoints, indexer, turns), name="retention")

@@ -64,6 +64,7 @@ CHECKPOINTS: web.AppKey[CheckpointStore] = web.AppKey("checkpoints")
 TURNS: web.AppKey[TurnLogStore] = web.AppKey("turns")
 PIPELINE: web.AppKey[ChatHandler] = web.AppKey("pipeline")
 RESPONSES: web.AppKey[Any] = web.AppKey("responses")  # gateway.responses.pipeline.ResponsesPipeline
+MESSAGES: web.AppKey[Any] = web.AppKey("messages")  # gateway.messages.pipeline.MessagesPipeline
 SUMMARIZER: web.AppKey[SummaryJobs] = web.AppKey("summarizer")
 INDEXER: web.AppKey[IndexKeeper] = web.AppKey("indexer")
 

@@ -58,6 +58,11 @@ class ServerSettings(_Section):
 class UpstreamSettings(_Section):
     base_url: str = Field("https://api.openai.com/v1", description="OpenAI-compatible base URL, ending in /v1.")
     api_key: SecretStr = Field(SecretStr(""), description="Key used upstream; empty forwards the client's Authorization.")
+    format: Literal["openai", "anthropic"] = Field(
+        "openai", description="The API the gateway's own calls speak (summary jobs, window discovery): 'openai' "
+        "(/chat/completions, Authorization) or 'anthropic' (/messages, x-api-key). The operator's key goes in "
+        "x-api-key on /v1/messages whatever this says.",
+    )
     connect_timeout_s: float = Field(10.0, gt=0, description="TCP/TLS connect timeout (502/504 after).")
     read_timeout_s: float = Field(600.0, gt=0, description="Cap on the two timeouts below (kept for older configs).")
     first_byte_timeout_s: float = Field(

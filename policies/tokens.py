@@ -26,6 +26,8 @@ REPLY_PRIMING = 3
 TOOL_CALL_OVERHEAD = 3
 # The low-detail price of an image; a conservative floor for parts we cannot see.
 IMAGE_TOKENS = 85
+# Text fields of opaque items (policies/conversation.py) the provider reads as prompt: thinking, compaction.
+OPAQUE_TEXT_FIELDS = ("thinking", "content")
 
 
 class TokenCounter:
@@ -140,6 +142,12 @@ class TokenCounter:
         call_id = msg.get("tool_call_id")
         if isinstance(call_id, str):
             total += self.count_text(call_id)
+        for item in msg.get("opaque") or ():
+            # Thinking text and a provider compaction's summary are prompt the provider counts.
+            for name in OPAQUE_TEXT_FIELDS:
+                value = item.get(name) if isinstance(item, dict) else None
+                if isinstance(value, str):
+                    total += self.count_text(value)
         return total
 
     def count_messages(self, msgs: list[dict], keys: list[str | None] | None = None) -> int:
@@ -179,8 +187,9 @@ def _message_fingerprint(msg: dict) -> tuple:
         call_key = tuple((call_name(c), call_arguments(c)) for c in calls if isinstance(c, dict))
     name = msg.get("name")
     call_id = msg.get("tool_call_id")
+    opaque = tuple(item.get(f) for item in msg.get("opaque") or () if isinstance(item, dict) for f in OPAQUE_TEXT_FIELDS)
     return ("msg", hash((msg.get("role"), content, name if isinstance(name, str) else None, call_key,
-                         call_id if isinstance(call_id, str) else None)))
+                         call_id if isinstance(call_id, str) else None, opaque)))
 
 
 class Calibration:

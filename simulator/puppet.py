@@ -16,6 +16,9 @@ Its next move is written in the last message (docs/architecture.md, "The simulat
     [[stall SECONDS]]       streaming: send the first chunk, then wait (disconnects)
     anything else           "ok: <first 40 chars of the last user message>"
 
+The same script answers ``POST /v1/responses`` (simulator.responses) and Anthropic's
+``POST /v1/messages`` (simulator.messages), each as strict as its provider.
+
 A tool result as the last message is answered with ``Tool NAME returned: ...``. A request with
 the header ``x-palimpsest-purpose: summary`` is answered with a summary that has every
 ``## Heading`` the request asked for. Every request is logged in ``app[RECEIVED]``; knobs that

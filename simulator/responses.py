@@ -33,6 +33,7 @@ from simulator.summary import render_summary
 from simulator.validation import parse_json_body
 
 ENCRYPTED = "reasoning.encrypted_content"
+MAX_STORED = 5_000  # responses kept by id
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
@@ -59,10 +60,22 @@ def _context(state: PuppetState, body: dict[str, Any]) -> list[dict[str, Any]]:
                           param="previous_response_id", code="previous_response_not_found")
         prior = stored["context"] + stored["output"]
     items = prior + as_items(body.get("input"))
-    stored_ids = {item.get("id") for kept in state.responses.values()
-                  for item in (*kept["context"], *kept["output"])}
-    check_context(items, state.secret, state.bound_reasoning, stored_ids)
+    check_context(items, state.secret, state.bound_reasoning, StoredIds(state))
     return items
+
+
+class StoredIds:
+    """The ids of every stored item, gathered only when a rule asks (most requests never do)."""
+
+    def __init__(self, state: PuppetState) -> None:
+        self._state = state
+        self._ids: set[Any] | None = None
+
+    def __contains__(self, item_id: object) -> bool:
+        if self._ids is None:
+            self._ids = {item.get("id") for kept in self._state.responses.values()
+                         for item in (*kept["context"], *kept["output"])}
+        return item_id in self._ids
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
@@ -188,6 +201,8 @@ def keep(state: PuppetState, response: dict[str, Any], items: list[dict[str, Any
         context.append(item)
     state.responses[response["id"]] = {"response": response, "context": context,
                                        "output": response["output"]}
+    while len(state.responses) > MAX_STORED:  # oldest first: long benchmarks stay bounded
+        del state.responses[next(iter(state.responses))]
 
 
 def _stored(request: web.Request) -> dict[str, Any]:

@@ -11,6 +11,7 @@ messages the script (simulator.script.decide) reads, and `count_context` counts 
 from __future__ import annotations
 
 import re
+from collections.abc import Container
 from typing import Any
 
 import orjson
@@ -161,7 +162,7 @@ def item_type(item: dict[str, Any]) -> str:
 
 
 def check_context(items: list[dict[str, Any]], secret: bytes, bound: dict[str, str],
-                  stored_ids: set[str]) -> None:
+                  stored_ids: Container[Any]) -> None:
     """The provider's rules over the whole context; raises the 400 it would answer."""
     calls: dict[str, str] = {}
     for item in items:
@@ -197,7 +198,7 @@ def check_context(items: list[dict[str, Any]], secret: bytes, bound: dict[str, s
 
 
 def _check_reasoning(items: list[dict[str, Any]], i: int, secret: bytes,
-                     stored_ids: set[str]) -> None:
+                     stored_ids: Container[Any]) -> None:
     item = items[i]
     rs_id = item.get("id")
     content = item.get("encrypted_content")

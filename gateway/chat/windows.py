@@ -18,6 +18,8 @@ WINDOW_FIELDS = ("context_window", "context_length", "max_model_len", "max_conte
 KNOWN = (
     ("gpt-4.1", 1_047_576), ("gpt-4o", 128_000), ("gpt-4-turbo", 128_000), ("gpt-5", 400_000),
     ("o1", 200_000), ("o3", 200_000), ("o4", 200_000), ("gpt-3.5-turbo", 16_385), ("gpt-4", 8_192),
+    # Anthropic: every current Claude model takes 200k without the long-context beta.
+    ("claude-", 200_000),
 )
 
 
@@ -64,9 +66,13 @@ class Windows:
                 return
             self._fetched_at = time.monotonic()
             key = self._upstream.api_key
-            # auth: the client's credential headers (Authorization or api-key), or an Authorization value.
+            # auth: the client's credential headers (Authorization, api-key or x-api-key), or an Authorization value.
             client = {"Authorization": auth} if isinstance(auth, str) else dict(auth or {})
-            headers = {"Authorization": f"Bearer {key}"} if key else client
+            if getattr(self._upstream, "format", "openai") == "anthropic":
+                # Anthropic's models endpoint: x-api-key and a version header (max_input_tokens per model).
+                headers = {**({"x-api-key": key} if key else client), "anthropic-version": "2023-06-01"}
+            else:
+                headers = {"Authorization": f"Bearer {key}"} if key else client
             try:
                 async with self._upstream.request(self._upstream.api, "GET", self._upstream.url("/v1/models"), headers=headers) as resp:
                     if resp.status != 200:

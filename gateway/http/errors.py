@@ -20,6 +20,9 @@ Requests aiohttp rejects before any handler runs (a header over its size limit, 
 that is not HTTP) never reach the middleware; ``gateway.http.protocol_errors`` gives them the
 same envelope.
 
+On Anthropic's routes (``/v1/messages...``) the same errors take Anthropic's envelope,
+``{"type": "error", "error": {"type", "message"}}``, with its type names (``anthropic_error_type``).
+
 Upstream error responses are not GatewayErrors: they are relayed as they came (status, body
 and rate-limit headers), because clients retry on exactly what the provider said.
 """
@@ -129,3 +132,24 @@ def error_response(status: int, message: str, type_: str, param: str | None = No
     from aiohttp import web
 
     return web.Response(status=status, body=error_body(message, type_, param, code), content_type="application/json")
+
+
+# Anthropic's error types by status (https://docs.anthropic.com/en/api/errors).
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
+                   403: "permission_error", 404: "not_found_error", 408: "timeout_error", 413: "request_too_large",
+                   429: "rate_limit_error", 504: "timeout_error", 529: "overloaded_error"}
+
+
+def anthropic_error_type(status: int) -> str:
+    return ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+
+
+def is_anthropic_route(path: str) -> bool:
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
+def anthropic_error_response(status: int, message: str) -> web.Response:
+    from aiohttp import web
+
+    body = orjson.dumps({"type": "error", "error": {"type": anthropic_error_type(status), "message": message}})
+    return web.Response(status=status, body=body, content_type="application/json")

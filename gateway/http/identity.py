@@ -30,10 +30,11 @@ ANONYMOUS = "anonymous"
 
 
 def credential_of(request: web.Request) -> str:
+    """The client's key: ``Authorization`` (Bearer), Azure-style ``api-key`` or Anthropic's ``x-api-key``."""
     auth = request.headers.get("Authorization", "")
     if auth[:7].lower() == "bearer ":
         return auth[7:].strip()
-    return auth.strip() or request.headers.get("api-key", "").strip()
+    return auth.strip() or request.headers.get("api-key", "").strip() or request.headers.get("x-api-key", "").strip()
 
 
 def _raw(credential: str) -> bytes:

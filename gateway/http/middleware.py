@@ -1,4 +1,5 @@
-"""The one middleware that renders every error as the OpenAI envelope (see errors.py).
+"""The one middleware that renders every error as the OpenAI envelope (see errors.py), or as
+Anthropic's on Anthropic's routes.
 
 Only while nothing has been sent: once a handler has started its response, a second one
 cannot follow on the same connection (the client would wait for the rest of the first). The
@@ -13,7 +14,8 @@ import logging
 
 from aiohttp import web
 
-from gateway.http.errors import GatewayError, UpstreamTimeout, UpstreamUnreachable, error_response
+from gateway.http.errors import GatewayError, UpstreamTimeout, UpstreamUnreachable, anthropic_error_response, is_anthropic_route
+from gateway.http.errors import error_response as openai_error_response
 from gateway.keys import METRICS
 
 log = logging.getLogger("palimpsest.errors")
@@ -23,6 +25,13 @@ _HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 404: "inval
 
 @web.middleware
 async def error_middleware(request: web.Request, handler):
+    anthropic = is_anthropic_route(request.path)
+
+    def error_response(status: int, message: str, type_: str, param: str | None, code: str | None) -> web.Response:
+        if anthropic:
+            return anthropic_error_response(status, message)
+        return openai_error_response(status, message, type_, param, code)
+
     try:
         return await handler(request)
     except GatewayError as exc:

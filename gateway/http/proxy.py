@@ -34,7 +34,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     metrics = request.app[METRICS]
     started = time.perf_counter()
     waited = 0.0
-    headers = upstream.request_headers(request.headers)
+    headers = upstream.request_headers(request.headers, path=request.path)
     body = None
     if request.body_exists:
         body = StreamedBody(request.content, request.app[SETTINGS].server.body_read_timeout_s)

@@ -61,9 +61,10 @@ class BodyReader:
 
 class Upstream:
     def __init__(self, base_url: str, api_key: str, *, connect_timeout: float, read_timeout: float, max_connections: int,
-                 first_byte_timeout: float | None = None, idle_timeout: float | None = None) -> None:
+                 first_byte_timeout: float | None = None, idle_timeout: float | None = None, format: str = "openai") -> None:
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
+        self.format = format  # "openai" or "anthropic": the API the gateway's own calls speak
         self.first_byte_timeout = min(read_timeout, first_byte_timeout or read_timeout)
         self.idle_timeout = min(read_timeout, idle_timeout or read_timeout)
         # sock_read bounds the wait for the response headers; the body's chunks are timed by
@@ -101,7 +102,14 @@ class Upstream:
         url = self.url(raw_path, raw_query)
         return URL(url, encoded=True)
 
-    def request_headers(self, incoming: CIMultiDictProxy[str], drop: frozenset[str] = frozenset()) -> CIMultiDict[str]:
+    def key_header(self, path: str) -> str:
+        """Where the operator's key goes: ``x-api-key`` on Anthropic's routes and for an
+        Anthropic upstream (``upstream.format``), else ``Authorization: Bearer``."""
+        anthropic = self.format == "anthropic" or path == "/v1/messages" or path.startswith(("/v1/messages/", "/v1/messages?"))
+        return "x-api-key" if anthropic else "Authorization"
+
+    def request_headers(self, incoming: CIMultiDictProxy[str], drop: frozenset[str] = frozenset(),
+                        path: str = "") -> CIMultiDict[str]:
         out: CIMultiDict[str] = CIMultiDict()
         for name, value in incoming.items():
             lname = name.lower()
@@ -111,7 +119,11 @@ class Upstream:
         if self.api_key:
             out.popall("Authorization", None)
             out.popall("api-key", None)
-            out["Authorization"] = f"Bearer {self.api_key}"
+            out.popall("x-api-key", None)
+            if self.key_header(path) == "x-api-key":
+                out["x-api-key"] = self.api_key
+            else:
+                out["Authorization"] = f"Bearer {self.api_key}"
         return out
 
     def reader(self, response: aiohttp.ClientResponse) -> BodyReader:
@@ -123,7 +135,7 @@ class Upstream:
 
     def post(self, path: str, incoming: CIMultiDictProxy[str], body: bytes, *, drop: frozenset[str]):
         """Open a JSON POST to `path` (/v1/...) carrying the client's headers (minus `drop`)."""
-        headers = self.request_headers(incoming, drop=drop)
+        headers = self.request_headers(incoming, drop=drop, path=path)
         headers["Content-Type"] = "application/json"
         headers["Content-Length"] = str(len(body))
         return self.request(self.api, "POST", self.url(path), headers=headers, data=body)

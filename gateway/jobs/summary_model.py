@@ -30,6 +30,7 @@ from policies import (
     render_summary_request,
     validate_summary,
 )
+from policies.messages import content_text
 from policies.summary import render_correction_request
 from store.ledger import SessionRef
 
@@ -37,14 +38,15 @@ log = logging.getLogger("palimpsest.summary")
 # Tokens a summary request needs besides the transcript: instruction, previous summary, values.
 SUMMARY_PROMPT_ROOM = 4000
 VALIDATED_VALUES = 12
-CREDENTIAL_HEADERS = ("authorization", "api-key")
+CREDENTIAL_HEADERS = ("authorization", "api-key", "x-api-key")
+ANTHROPIC_VERSION = "2023-06-01"
 
 Auth = Mapping[str, str] | str | None
 
 
 def credential_headers(auth: Auth) -> dict[str, str]:
-    """The client's credential as request headers: ``Authorization`` or Azure-style ``api-key``
-    (a bare string is an Authorization value)."""
+    """The client's credential as request headers: ``Authorization``, Azure-style ``api-key`` or
+    Anthropic's ``x-api-key`` (a bare string is an Authorization value)."""
     if not auth:
         return {}
     if isinstance(auth, str):
@@ -171,14 +173,19 @@ class SummaryModel:
         base = (policy.summary_base_url or self.upstream.base_url).rstrip("/")
         headers = {"Content-Type": "application/json", "x-palimpsest-purpose": "summary"}
         key = policy.summary_api_key or (None if policy.summary_base_url else self.upstream.api_key)
+        anthropic = getattr(self.upstream, "format", "openai") == "anthropic"
         if key:
-            headers["Authorization"] = f"Bearer {key}"
+            headers.update({"x-api-key": key} if anthropic else {"Authorization": f"Bearer {key}"})
         elif job.auth:
             headers.update(credential_headers(job.auth))
         body = {"model": policy.summary_model or job.model, "messages": messages, "max_tokens": policy.summary_max_words * 2, "temperature": 0}
+        path = "/chat/completions"
+        if anthropic:  # the same request in Anthropic Messages: system text apart, the answer in content blocks
+            headers["anthropic-version"] = ANTHROPIC_VERSION
+            body, path = messages_body(body), "/messages"
         started = time.perf_counter()
         try:
-            async with self.upstream.request(self.upstream.api, "POST", base + "/chat/completions", data=orjson.dumps(body), headers=headers) as resp:
+            async with self.upstream.request(self.upstream.api, "POST", base + path, data=orjson.dumps(body), headers=headers) as resp:
                 payload = await resp.read()
                 if resp.status != 200:
                     wait = retry_after_seconds(resp.headers) if resp.status in (429, 503) else None
@@ -194,6 +201,8 @@ class SummaryModel:
         self.metrics.summary_llm_seconds.observe(elapsed)
         try:
             data = orjson.loads(payload)
+            if anthropic:
+                data = chat_completion(data)
             text = data["choices"][0]["message"]["content"] or ""
         except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
             self.outcome(job, False, "error")
@@ -205,6 +214,37 @@ class SummaryModel:
         self.metrics.summary_cache_read_tokens.inc((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
         self.metrics.tokens_spent_overhead.labels("summary").inc(prompt + completion)
         return text
+
+
+def messages_body(chat: dict) -> dict:
+    """A chat completion request for a summary as an Anthropic Messages request: the system
+    messages become ``system``, the rest alternate as user/assistant text."""
+    system = "\n\n".join(content_text(m.get("content")) for m in chat["messages"] if m.get("role") in ("system", "developer"))
+    turns: list[dict] = []
+    for m in chat["messages"]:
+        if m.get("role") in ("system", "developer"):
+            continue
+        role = "assistant" if m.get("role") == "assistant" else "user"
+        text = content_text(m.get("content")) or "(no text)"
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"] += "\n\n" + text
+        else:
+            turns.append({"role": role, "content": text})
+    body = {"model": chat["model"], "max_tokens": chat["max_tokens"], "temperature": chat["temperature"], "messages": turns}
+    if system:
+        body["system"] = system
+    return body
+
+
+def chat_completion(message: dict) -> dict:
+    """An Anthropic message as the chat completion fields the summary call reads."""
+    text = "".join(b.get("text") or "" for b in message["content"] if isinstance(b, dict) and b.get("type") == "text")
+    usage = message.get("usage") or {}
+    read = usage.get("cache_read_input_tokens") or 0
+    prompt = (usage.get("input_tokens") or 0) + read + (usage.get("cache_creation_input_tokens") or 0)
+    return {"choices": [{"message": {"content": text}}],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": usage.get("output_tokens") or 0,
+                      "prompt_tokens_details": {"cached_tokens": read}}}
 
 
 def _first_failure(group: BaseExceptionGroup) -> BaseException:

@@ -304,3 +304,17 @@ async def test_the_request_codex_really_sends_is_accepted_and_its_fake_reasoning
     assert raw.status == 400 and error["code"] == "invalid_encrypted_content"
     assert len(puppet[0][RECEIVED]) == 2
     assert orjson.loads(puppet[0][RECEIVED][0]["body"])["include"] == ENCRYPTED
+
+
+async def test_references_resolve_only_to_stored_items(client):
+    first = await client.responses.create(model="fake-32k", input="remember this")
+    reference = {"type": "item_reference", "id": first.output[0].id}
+    later = await client.responses.create(model="fake-32k", input=[reference, {"role": "user", "content": "and?"}])
+    assert later.output_text == "ok: and?"
+    for item, message in (({"type": "item_reference", "id": "msg_gone"}, "Item with id 'msg_gone' not found."),
+                          ({"type": "reasoning", "id": "rs_gone", "summary": []},
+                           "Item with id 'rs_gone' not found. Items are not persisted when `store` is set to false.")):
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.responses.create(model="fake-32k", store=False,
+                                          input=[item, {"role": "user", "content": "x"}])
+        assert caught.value.body["message"].startswith(message)

@@ -1,0 +1,196 @@
+"""Anthropic Messages through the gateway (issue 21): a Claude-Code-like thinking tool loop, side by side with sending direct.
+
+    /work/venv/bin/python bench/messages.py              # ~1 minute on 2 CPUs
+    /work/venv/bin/python bench/messages.py --steps 60 --recall 20
+
+Everything runs in one process on loopback ports: the SIMULATED upstream (``simulator.puppet``,
+its strict /v1/messages with Anthropic's prompt-cache accounting) and a real gateway app. The
+client is the official anthropic SDK, playing an agent: one task, then a ``Bash`` call per step
+whose result (1-4k tokens, a planted fact on its first line) scripts the next call; the client
+marks its system and its newest tool result with ``cache_control`` as Claude Code does.
+
+1. ``fake-32k``: the loop direct (a rejection ends the chain: the task is lost) and through the
+   gateway; then ``--recall`` questions about planted facts, through the gateway.
+2. ``fake-200k`` (where direct fits): the same loop both ways, for the cache-read share.
+
+Figures: requests answered and rejected, upstream / client prompt tokens (the simulator's own
+count of what it received, against the client's bodies counted the same way), billed prompt cost
+(input 1×, cache reads 0.1×, cache writes 1.25×) against the client's history sent with ideal
+caching (each request reads the previous request's prompt and writes the rest), the cache-read
+share of upstream prompt tokens, facts recalled, and the client-side time added per request (p50
+of gateway minus direct, step by step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import anthropic  # noqa: E402
+from aiohttp import web  # noqa: E402
+
+from common import quiet_logs  # noqa: E402
+from gateway.app import create_app  # noqa: E402
+from gateway.settings import load_settings  # noqa: E402
+from simulator.messages_rules import blocks  # noqa: E402
+from simulator.puppet import RECEIVED, create_puppet_app  # noqa: E402
+
+BASH = {"name": "Bash", "description": "Executes a bash command and returns its output.",
+        "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}
+SYSTEM = [{"type": "text", "text": "You are a coding agent. " * 200, "cache_control": {"type": "ephemeral"}}]
+HEADERS = {"anthropic-beta": "interleaved-thinking-2025-05-14"}
+
+
+def output(step: int) -> str:
+    words = 1000 + (step * 977) % 3000  # 1-4k tokens
+    filler = " ".join(f"log{step}.{i} ok" for i in range(words // 3))
+    return (f"fact {step}: the build artifact of step {step} is /srv/out/step{step}-{step * 7919 % 1000}.bin\n"
+            f"{filler}\n[[call Bash {{\"command\": \"step {step + 1}\"}}]]")
+
+
+async def serve(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+class Run:
+    def __init__(self) -> None:
+        self.answered = self.rejected = 0
+        self.client_tokens = self.upstream_tokens = self.read = self.written = self.fresh = 0
+        self.ideal = 0.0
+        self.latency: list[float] = []
+        self.history: list[dict] = []
+
+    def billed(self) -> float:
+        return self.fresh + 0.1 * self.read + 1.25 * self.written
+
+
+async def loop(client: anthropic.AsyncAnthropic, model: str, steps: int, session: str) -> Run:
+    run = Run()
+    history = [{"role": "user", "content": "Run the chain. [[call Bash {\"command\": \"step 1\"}]]"}]
+    previous = 0
+    for step in range(1, steps + 1):
+        body = {"model": model, "max_tokens": 2048, "system": SYSTEM, "tools": [BASH], "messages": history,
+                "thinking": {"type": "enabled", "budget_tokens": 1024}}
+        tokens = sum(t for _, t, _ in blocks(body))
+        t0 = time.perf_counter()
+        try:
+            message = await client.messages.create(**body, extra_headers={**HEADERS, "X-Claude-Code-Session-Id": session})
+        except anthropic.BadRequestError:
+            run.rejected += 1
+            break  # the provider refused the prompt: the chain is lost
+        run.latency.append(time.perf_counter() - t0)
+        run.answered += 1
+        run.client_tokens += tokens
+        run.ideal += 0.1 * previous + 1.25 * (tokens - previous)
+        previous = tokens
+        usage = message.usage
+        run.fresh += usage.input_tokens
+        run.read += usage.cache_read_input_tokens or 0
+        run.written += usage.cache_creation_input_tokens or 0
+        run.upstream_tokens += usage.input_tokens + (usage.cache_read_input_tokens or 0) + (usage.cache_creation_input_tokens or 0)
+        history.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in message.content]})
+        call = next(b for b in message.content if b.type == "tool_use")
+        for earlier in history:
+            for blk in earlier["content"] if isinstance(earlier["content"], list) else ():
+                blk.pop("cache_control", None)
+        history.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
+                                                     "content": output(step), "cache_control": {"type": "ephemeral"}}]})
+    run.history = history
+    return run
+
+
+async def recall(client, model: str, run: Run, questions: int, session: str) -> tuple[int, int]:
+    history = list(run.history)
+    history[-1] = {"role": "user", "content": [{**history[-1]["content"][0], "content": "done"}]}
+    history.append({"role": "assistant", "content": [{"type": "text", "text": "Chain finished."}]})
+    found = 0
+    asked = range(1, max(2, min(questions, run.answered // 2)) + 1)
+    for step in asked:
+        ask = [*history, {"role": "user", "content": f"RECALL: fact {step}: the build artifact of step {step}"}]
+        message = await client.messages.create(model=model, max_tokens=2048, system=SYSTEM, tools=[BASH], messages=ask,
+                                               extra_headers={**HEADERS, "X-Claude-Code-Session-Id": session})
+        text = "".join(b.text for b in message.content if b.type == "text")
+        found += f"/srv/out/step{step}-{step * 7919 % 1000}.bin" in text
+    return found, len(asked)
+
+
+def overhead(app) -> tuple[float, float]:
+    """(seconds, requests) of the gateway's own time on /v1/messages: wall time minus upstream waits."""
+    from gateway.keys import METRICS
+
+    registry = app[METRICS].registry
+    name = "palimpsest_gateway_overhead_seconds"
+    labels = {"route": "messages"}
+    return (registry.get_sample_value(name + "_sum", labels) or 0.0, registry.get_sample_value(name + "_count", labels) or 0.0)
+
+
+def row(name: str, run: Run | None, extra: str = "") -> str:
+    if run is None:
+        return f"{name:<22} -"
+    ratio = run.upstream_tokens / run.client_tokens if run.client_tokens else float("nan")
+    cost = run.billed() / run.ideal if run.ideal else float("nan")
+    share = run.read / run.upstream_tokens if run.upstream_tokens else float("nan")
+    return (f"{name:<22} {run.answered:>5} {run.rejected:>4} {run.client_tokens:>10,} {run.upstream_tokens:>10,} "
+            f"{ratio:>6.2f} {cost:>6.2f} {share:>6.2f} {extra}")
+
+
+async def main(args) -> None:
+    quiet_logs()
+    puppet = create_puppet_app(windows={"fake-32k": 32_000, "fake-200k": 200_000})
+    prunner, purl = await serve(puppet)
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = load_settings(None, upstream={"base_url": purl + "/v1", "format": "anthropic"},
+                                 store={"path": tmp}, policy={"profile": args.profile})
+        gapp = create_app(settings)
+        grunner, gurl = await serve(gapp)
+        direct = anthropic.AsyncAnthropic(base_url=purl, api_key="sk-bench", max_retries=0, timeout=120)
+        gateway = anthropic.AsyncAnthropic(base_url=gurl, api_key="sk-bench", max_retries=0, timeout=120)
+        d32 = await loop(direct, "fake-32k", args.steps, "direct-32k")
+        g32 = await loop(gateway, "fake-32k", args.steps, "gw-32k")
+        await asyncio.sleep(1.0)  # let the summary job of the last steps land
+        found, asked = await recall(gateway, "fake-32k", g32, args.recall, "gw-32k")
+        d200 = await loop(direct, "fake-200k", args.steps, "direct-200k")
+        before = overhead(gapp)
+        g200 = await loop(gateway, "fake-200k", args.steps, "gw-200k")
+        after = overhead(gapp)
+        mean_overhead = (after[0] - before[0]) / max(1, after[1] - before[1])
+        summaries = sum(1 for r in puppet[RECEIVED] if r["headers"].get("x-palimpsest-purpose") == "summary")
+        await grunner.cleanup()
+    await prunner.cleanup()
+    added = [g - d for g, d in zip(g200.latency, d200.latency)]
+    print(f"Messages agent loop, {args.steps} Bash steps (outputs 1-4k tokens), thinking on; simulated upstream.")
+    print(f"{'run':<22} {'ok':>5} {'rej':>4} {'client tok':>10} {'upstr tok':>10} {'up/cl':>6} {'cost':>6} {'read%':>6}")
+    print(row("direct fake-32k", d32, "(chain lost)" if d32.rejected else ""))
+    print(row("palimpsest fake-32k", g32, f"summary calls {summaries}"))
+    print(row("direct fake-200k", d200))
+    print(row("palimpsest fake-200k", g200))
+    share = lambda r: r.read / r.upstream_tokens if r.upstream_tokens else 0.0  # noqa: E731
+    print(f"planted facts recalled through the gateway: {found}/{asked}")
+    print(f"client-side time added per request on fake-200k, p50 of gateway minus direct: "
+          f"{statistics.median(added) * 1000:.1f} ms (includes the SDK and loopback; puppet time is the same); "
+          f"the gateway's own time (wall minus upstream waits), mean: {mean_overhead * 1000:.1f} ms")
+    print("targets: 32k completes with 0 rejections: "
+          f"{'yes' if g32.answered == args.steps and not g32.rejected else 'NO'}; up/cl <= 0.30: "
+          f"{g32.upstream_tokens / max(1, g32.client_tokens):.2f}; cost <= 0.6: {g32.billed() / max(1.0, g32.ideal):.2f}; "
+          f"200k read share >= direct's - 0.05: {share(g200):.2f} vs {share(d200):.2f}; recalled >= 0.95: {found / max(1, asked):.2f}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--recall", type=int, default=10)
+    parser.add_argument("--profile", default="balanced", help="the gateway policy profile (economy, balanced, fidelity)")
+    asyncio.run(main(parser.parse_args()))

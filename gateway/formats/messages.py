@@ -1,0 +1,363 @@
+"""Anthropic Messages (``POST /v1/messages``, Claude Code) as the neutral conversation model.
+
+Messages map onto neutral items (``policies/conversation.py``):
+
+- the top-level ``system`` (a string or text blocks) is one instruction, kept in the body
+  byte-identical; a ``system`` message before the first turn is an instruction rendered where it
+  was; a ``system`` message inside the conversation (Claude Code's mid-conversation system
+  messages) rides in the ``wire`` of the item before it, so it goes wherever that item goes,
+  and is counted as an instruction;
+- an assistant message is ONE assistant item: ``tool_use`` blocks become ``tool_calls`` (the
+  arguments are the JSON of ``input``), text blocks its text, everything else (``thinking`` and
+  ``redacted_thinking`` with their signatures, server tool blocks, provider ``compaction``
+  blocks) its ``opaque`` part, so a thinking block never leaves the call it precedes;
+- a user message is one tool item per ``tool_result`` block, then a user item for its other
+  blocks (text; images and documents are opaque parts). An API round therefore is the assistant
+  message plus the next user message's results, as ``policies/rounds.py`` sees it.
+
+The gateway's own system items go after the client's ``system`` when they lead the view (the
+summary block, the recall note) and, inside the conversation (proactive recall before the
+newest user message), as a text block of the user message they precede.
+
+``cache_control`` markers are never identity (they move every turn): the neutral copy leaves
+them out. A provider ``compaction`` block is a boundary: the conversation starts at the newest
+message holding one, as Anthropic reads it.
+
+``render_body`` re-emits the client's own blocks for every item the view did not change,
+regroups tool items and the user item after them into one user message (results first), puts
+the gateway's system items (the summary block, the recall note) as text blocks after the
+client's ``system``, and places the cache breakpoints (``gateway/formats/cache_breakpoints.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from gateway.chat.request import ChatRequest
+from gateway.formats.cache_breakpoints import place_breakpoints
+from gateway.http.errors import BadRequest
+from policies.conversation import opaque_identity, wire_items, with_wire
+
+FORMAT = "messages"
+ROLES = ("user", "assistant", "system")
+
+
+def _too_deep(body: Any) -> bool:
+    try:
+        orjson.dumps(body)
+    except orjson.JSONEncodeError:
+        return True
+    return False
+
+
+def parse_messages_request(raw: bytes) -> ChatRequest:
+    """The request body as a ChatRequest in the neutral model (400 on what cannot be routed)."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"We could not parse the JSON body of your request ({exc.args[0]}).") from None
+    if not isinstance(body, dict):
+        raise BadRequest("The request body must be a JSON object.")
+    if _too_deep(body):
+        raise BadRequest("The request body is nested too deeply (JSON deeper than 254 levels).")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("model: Field required (a non-empty string).", param="model")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise BadRequest("stream: Input should be a valid boolean.", param="stream")
+    max_tokens = body.get("max_tokens")
+    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0):
+        raise BadRequest("max_tokens: Input should be a non-negative integer.", param="max_tokens")
+    system = body.get("system")
+    if system is not None and not (isinstance(system, str) or (
+            isinstance(system, list) and all(isinstance(b, dict) and isinstance(b.get("text"), str) for b in system))):
+        raise BadRequest("system: Input should be a string or a list of text blocks.", param="system")
+    tools = body.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise BadRequest("tools: Input should be a list of objects.", param="tools")
+    messages = _checked_messages(body.get("messages"))
+    instructions: list[dict] = []
+    if system_text(system):
+        # Counted as an instruction; rendered nowhere (it stays in the body's own field).
+        instructions.append(with_wire({"role": "system", "content": system_text(system)}, FORMAT, []))
+    more, history = to_neutral(messages[compaction_start(messages):])
+    return ChatRequest(raw, body, model, stream, instructions + more, history, max_tokens or 0, format=FORMAT)
+
+
+def _checked_messages(messages: Any) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages: Field required (a non-empty list).", param="messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise BadRequest(f"messages.{i}: Input should be an object.", param=f"messages.{i}")
+        if message.get("role") not in ROLES:
+            raise BadRequest(f"messages.{i}.role: Input should be 'user', 'assistant' or 'system'.", param=f"messages.{i}.role")
+        content = message.get("content")
+        if not isinstance(content, (str, list)) or (isinstance(content, list) and not all(
+                isinstance(b, dict) and isinstance(b.get("type"), str) for b in content)):
+            raise BadRequest(f"messages.{i}.content: Input should be a string or a list of content blocks.",
+                             param=f"messages.{i}.content")
+        for j, block in enumerate(content if isinstance(content, list) else ()):
+            if block["type"] == "tool_result" and not isinstance(block.get("tool_use_id"), str):
+                raise BadRequest(f"messages.{i}.content.{j}.tool_use_id: Field required.", param=f"messages.{i}.content.{j}")
+            if block["type"] == "tool_use" and not (isinstance(block.get("id"), str) and isinstance(block.get("name"), str)):
+                raise BadRequest(f"messages.{i}.content.{j}: a tool_use block needs a string id and name.",
+                                 param=f"messages.{i}.content.{j}")
+    return messages
+
+
+def system_text(system: Any) -> str:
+    if isinstance(system, str):
+        return system
+    if isinstance(system, list):
+        return "\n\n".join(b["text"] for b in system if isinstance(b, dict) and isinstance(b.get("text"), str))
+    return ""
+
+
+def compaction_start(messages: list[dict]) -> int:
+    """Index of the newest message holding a provider ``compaction`` block (0 without one):
+    Anthropic drops everything before it, and so does the view."""
+    for i in range(len(messages) - 1, -1, -1):
+        content = messages[i].get("content")
+        if isinstance(content, list) and any(b.get("type") == "compaction" for b in content):
+            return i
+    return 0
+
+
+def _blocks(content: Any) -> list[dict]:
+    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+
+
+def _bare(block: dict) -> dict:
+    return {k: v for k, v in block.items() if k != "cache_control"}
+
+
+def neutral_content(blocks: list[dict]) -> Any:
+    """Blocks as neutral content: one text block is a string, text blocks are text parts,
+    anything else (images, documents) an opaque part without its cache_control."""
+    parts = [{"type": "text", "text": b["text"]} if b.get("type") == "text" and isinstance(b.get("text"), str)
+             else _bare(b) for b in blocks]
+    if not parts:
+        return None
+    if len(parts) == 1 and parts[0]["type"] == "text" and len(parts[0]) == 2:
+        return parts[0]["text"]
+    return parts
+
+
+def _arguments(value: Any) -> str:
+    return orjson.dumps(value if value is not None else {}, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def assistant_item(blocks: list[dict], *, string: bool = False) -> dict:
+    """One neutral assistant item for an assistant message's content blocks."""
+    texts, calls, opaque = [], [], []
+    for block in blocks:
+        kind = block.get("type")
+        if kind == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif kind == "tool_use":
+            calls.append({"id": block.get("id"), "type": "function",
+                          "function": {"name": block.get("name"), "arguments": _arguments(block.get("input"))}})
+        else:
+            opaque.append(opaque_identity(block))
+    out: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
+    if calls:
+        out["tool_calls"] = calls
+    if opaque:
+        out["opaque"] = opaque
+    return _wired(out, blocks, string)
+
+
+def tool_item(block: dict) -> dict:
+    content = block.get("content")
+    content = neutral_content(_blocks(content)) if isinstance(content, (str, list)) else None
+    return _wired({"role": "tool", "tool_call_id": block["tool_use_id"], "content": content or ""}, [block], False)
+
+
+def user_item(blocks: list[dict], *, string: bool = False) -> dict:
+    return _wired({"role": "user", "content": neutral_content(blocks)}, blocks, string)
+
+
+def _wired(item: dict, blocks: list[dict], string: bool) -> dict:
+    with_wire(item, FORMAT, blocks)
+    if string:
+        item["wire"]["string"] = True  # the client sent the content as a plain string
+    return item
+
+
+def to_neutral(messages: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(instructions, history) of a list of messages."""
+    instructions: list[dict] = []
+    history: list[dict] = []
+    for message in messages:
+        role, content = message["role"], message["content"]
+        if role == "system":
+            text = content if isinstance(content, str) else "\n".join(
+                b["text"] for b in content if isinstance(b.get("text"), str))
+            if not history:
+                instructions.append(with_wire({"role": "system", "content": text}, FORMAT, [message]))
+                continue
+            # Counted as an instruction, rendered after the item it follows.
+            instructions.append(with_wire({"role": "system", "content": text}, FORMAT, []))
+            history[-1]["wire"].setdefault("after", []).append(message)
+            continue
+        string = isinstance(content, str)
+        blocks = _blocks(content)
+        if role == "assistant":
+            history.append(assistant_item(blocks, string=string))
+            continue
+        results = [b for b in blocks if b.get("type") == "tool_result"]
+        history.extend(tool_item(b) for b in results)
+        rest = [b for b in blocks if b.get("type") != "tool_result"]
+        if rest or not results:
+            history.append(user_item(rest, string=string))
+    return instructions, history
+
+
+# -- rendering ---------------------------------------------------------------------------------
+
+
+def _same(message: dict, original: dict) -> bool:
+    return all(message.get(k) == original.get(k) for k in ("role", "content", "tool_calls", "tool_call_id"))
+
+
+def _reparse(message: dict, items: list[dict]) -> dict | None:
+    role = message.get("role")
+    if role == "assistant":
+        return assistant_item(items)
+    if role == "tool":
+        return tool_item(items[0]) if items else None
+    return user_item(items)
+
+
+def content_blocks(content: Any) -> list[dict]:
+    """Neutral content as content blocks."""
+    if content is None or content == "":
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return [{"type": "text", "text": p["text"]} if p.get("type") == "text" else p for p in content if isinstance(p, dict)]
+
+
+def item_blocks(message: dict) -> tuple[list[dict], bool]:
+    """The content blocks of one neutral item of a view, and whether they go as a plain string."""
+    items = wire_items(message, FORMAT)
+    if items is not None:
+        rebuilt = _reparse(message, items)
+        if rebuilt is not None and _same(message, rebuilt):
+            return list(items), bool(message["wire"].get("string"))
+    role = message.get("role")
+    if role == "tool":
+        base = _bare(items[0]) if items else {"type": "tool_result", "tool_use_id": message.get("tool_call_id")}
+        content = message.get("content")
+        base["content"] = content if isinstance(content, str) else content_blocks(content)
+        return [base], False
+    if role == "assistant":
+        return _assistant_blocks(message, items), False
+    return content_blocks(message.get("content")) or [{"type": "text", "text": ""}], False
+
+
+def _assistant_blocks(message: dict, items: list[dict] | None) -> list[dict]:
+    """An assistant item the view changed (its text was cut): the client's blocks with the text
+    replaced; thinking and tool_use blocks as they were. A new one (a recall call) is built."""
+    text = message.get("content") if isinstance(message.get("content"), str) else None
+    if items:
+        out, placed = [], False
+        for block in items:
+            if block.get("type") == "text":
+                if not placed and text:
+                    out.append({**_bare(block), "text": text})
+                placed = True
+                continue
+            out.append(block)
+        return out
+    out = [{"type": "text", "text": text}] if text else []
+    for call in message.get("tool_calls") or ():
+        fn = call.get("function") or {}
+        try:
+            arguments = orjson.loads(fn.get("arguments") or "{}")
+        except orjson.JSONDecodeError:
+            arguments = {}
+        out.append({"type": "tool_use", "id": call.get("id"), "name": fn.get("name"), "input": arguments})
+    return out
+
+
+def render_messages(messages: list[dict]) -> tuple[list[dict], list[str]]:
+    """(the ``messages`` array, the gateway's system texts) of a view. Consecutive user-side
+    items become one user message, its tool_result blocks first."""
+    out: list[dict] = []
+    system: list[str] = []
+    pending: list[tuple[str, list[dict], bool]] = []  # same-role entries waiting to be merged
+
+    def flush() -> None:
+        if not pending:
+            return
+        role = pending[0][0]
+        if len(pending) == 1 and pending[0][2] and len(pending[0][1]) == 1:
+            out.append({"role": role, "content": pending[0][1][0]["text"]})
+        else:
+            blocks = [b for _, bs, _ in pending for b in bs]
+            if role == "user":
+                blocks = [b for b in blocks if b.get("type") == "tool_result"] + [
+                    b for b in blocks if b.get("type") != "tool_result"]
+            out.append({"role": role, "content": blocks})
+        pending.clear()
+
+    started = False  # a conversation item was rendered: the gateway's system items go in place from here
+    for message in messages:
+        role = message.get("role")
+        if role in ("system", "developer"):
+            items = wire_items(message, FORMAT)
+            if items is None:
+                content = message.get("content")
+                text = content if isinstance(content, str) else "\n".join(b.get("text", "") for b in content_blocks(content))
+                if not started:
+                    system.append(text)
+                    continue
+                # Inside the conversation (proactive recall before the newest user message): a
+                # text block of the user message it precedes, so the prefix before it stays cached.
+                if pending and pending[0][0] != "user":
+                    flush()
+                pending.append(("user", [{"type": "text", "text": text}], False))
+            elif items:
+                flush()
+                out.extend(items)
+            continue
+        started = True
+        side = "assistant" if role == "assistant" else "user"
+        if pending and pending[0][0] != side:
+            flush()
+        blocks, string = item_blocks(message)
+        pending.append((side, blocks, string))
+        after = (message.get("wire") or {}).get("after") if wire_items(message, FORMAT) is not None else None
+        if after:
+            flush()
+            out.extend(after)
+    flush()
+    return out, system
+
+
+def render_body(chat: ChatRequest, messages: list[dict], tools: list[dict] | None) -> dict:
+    """The upstream body for a view: the client's body with ``messages`` (and ``tools``)
+    replaced, the gateway's system blocks after the client's, and the cache breakpoints placed."""
+    body = dict(chat.body)
+    body["messages"], extra = render_messages(messages)
+    if tools is not None:
+        body["tools"] = tools
+    client_system = body.get("system")
+    own = len(_blocks(client_system)) if client_system else 0
+    if extra:
+        body["system"] = [*(_blocks(client_system) if client_system else []),
+                          *({"type": "text", "text": text} for text in extra)]
+    return place_breakpoints(body, client_system_blocks=own)
+
+
+def tool_result_blocks(results: list[dict]) -> list[dict]:
+    """Neutral tool results (the gateway's recall answers) as tool_result blocks."""
+    return [{"type": "tool_result", "tool_use_id": r.get("tool_call_id"), "content": r.get("content") or ""}
+            for r in results]

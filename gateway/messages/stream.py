@@ -1,0 +1,235 @@
+"""Anthropic Messages streams: reading them, and the client's view of several upstream rounds as one.
+
+A Messages stream is ``event: NAME`` / ``data: {"type": NAME, ...}`` pairs: ``message_start``,
+then per content block ``content_block_start`` / ``_delta`` / ``_stop`` addressed by ``index``,
+``message_delta`` (stop reason, usage), ``message_stop``; ``ping`` and ``error`` anywhere.
+``MessageAssembler`` rebuilds the message one stream carried. ``MessageStreamFilter`` turns the
+streams of one turn's upstream calls (the recall loop may make several) into one for the client:
+
+- ``message_start`` is told once, from the first call;
+- the blocks of a recall ``tool_use`` never reach the client; a thinking block is held until the
+  block after it shows whether it belongs to something the client sees (then it is told first,
+  bound to it) or only to recall calls (then it is dropped with them);
+- ``index`` is renumbered so the client sees one gapless run of blocks;
+- the final ``message_delta`` carries the last call's stop reason and the usage summed over all
+  calls (input, output, cache read and cache write tokens).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+USAGE_KEYS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+THINKING = frozenset({"thinking", "redacted_thinking"})
+
+
+def encode(event: dict) -> bytes:
+    kind = event.get("type")
+    head = f"event: {kind}\n".encode() if isinstance(kind, str) else b""
+    return head + b"data: " + orjson.dumps(event) + b"\n\n"
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def add_usage(total: dict | None, usage: Any) -> dict | None:
+    """Messages usage summed over calls (the four token counts)."""
+    if not isinstance(usage, dict):
+        return total
+    out = dict(total or {})
+    for key in USAGE_KEYS:
+        if (n := _count(usage.get(key))) is not None:
+            out[key] = (out.get(key) or 0) + n
+    return out
+
+
+def chat_usage(usage: Any) -> dict | None:
+    """Messages usage in the chat shape the recorder, metrics and calibration read: the prompt
+    is every input token, cached or not."""
+    if not isinstance(usage, dict):
+        return None
+    read = _count(usage.get("cache_read_input_tokens")) or 0
+    written = _count(usage.get("cache_creation_input_tokens")) or 0
+    prompt = (_count(usage.get("input_tokens")) or 0) + read + written
+    completion = _count(usage.get("output_tokens")) or 0
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": read}}
+
+
+def is_recall_block(block: Any, names: tuple[str, str] | None) -> bool:
+    return bool(names) and isinstance(block, dict) and block.get("type") == "tool_use" and block.get("name") in names
+
+
+def visible_blocks(blocks: list, names: tuple[str, str] | None) -> list[dict]:
+    """The content blocks the client may see: recall tool_use blocks dropped, and the thinking
+    blocks that precede only them."""
+    keep: list[dict] = []
+    held: list[dict] = []
+    for block in blocks:
+        if not isinstance(block, dict):
+            continue
+        if block.get("type") in THINKING:
+            held.append(block)
+            continue
+        if is_recall_block(block, names):
+            held = []
+            continue
+        keep.extend(held)
+        held = []
+        keep.append(block)
+    return keep + held
+
+
+class MessageAssembler:
+    """The message one upstream stream carried: its start, its blocks by index, its end."""
+
+    def __init__(self) -> None:
+        self.message: dict = {}
+        self.blocks: dict[int, dict] = {}
+        self._json: dict[int, list[str]] = {}
+        self.stop_reason: str | None = None
+        self.usage: dict = {}
+        self.stopped = False
+
+    def add(self, event: dict) -> None:
+        kind = event.get("type")
+        if kind == "message_start" and isinstance(event.get("message"), dict):
+            self.message = event["message"]
+            self.usage.update({k: v for k, v in (self.message.get("usage") or {}).items() if v is not None})
+        elif kind == "content_block_start" and isinstance(event.get("index"), int):
+            block = dict(event.get("content_block") or {})
+            if block.get("type") in ("tool_use", "server_tool_use"):
+                self._json[event["index"]] = []
+            self.blocks[event["index"]] = block
+        elif kind == "content_block_delta" and event.get("index") in self.blocks:
+            self._delta(self.blocks[event["index"]], event["index"], event.get("delta") or {})
+        elif kind == "content_block_stop" and event.get("index") in self._json:
+            text = "".join(self._json.pop(event["index"]))
+            if text:
+                try:
+                    self.blocks[event["index"]]["input"] = orjson.loads(text)
+                except orjson.JSONDecodeError:
+                    pass
+        elif kind == "message_delta":
+            delta = event.get("delta") or {}
+            if delta.get("stop_reason"):
+                self.stop_reason = delta["stop_reason"]
+            if isinstance(event.get("usage"), dict):
+                # message_delta usage is cumulative for the message: it replaces the start's.
+                self.usage.update({k: v for k, v in event["usage"].items() if v is not None})
+        elif kind == "message_stop":
+            self.stopped = True
+
+    def _delta(self, block: dict, index: int, delta: dict) -> None:
+        kind = delta.get("type")
+        if kind == "text_delta":
+            block["text"] = (block.get("text") or "") + (delta.get("text") or "")
+        elif kind == "thinking_delta":
+            block["thinking"] = (block.get("thinking") or "") + (delta.get("thinking") or "")
+        elif kind == "signature_delta":
+            block["signature"] = (block.get("signature") or "") + (delta.get("signature") or "")
+        elif kind == "input_json_delta" and index in self._json:
+            self._json[index].append(delta.get("partial_json") or "")
+        elif kind == "citations_delta" and isinstance(delta.get("citation"), dict):
+            block.setdefault("citations", []).append(delta["citation"])
+
+    def content(self) -> list[dict]:
+        return [self.blocks[i] for i in sorted(self.blocks)]
+
+    def whole(self) -> dict:
+        """The message as a non-streamed answer would have carried it."""
+        return {**self.message, "content": self.content(), "stop_reason": self.stop_reason, "usage": dict(self.usage)}
+
+
+class MessageStreamFilter:
+    """The client's stream across the upstream calls of one turn (see the module docstring)."""
+
+    def __init__(self, names: tuple[str, str] | None) -> None:
+        self.names = names
+        self.rounds = 0
+        self.first: dict | None = None  # the first call's message (id, model, ...)
+        self.visible: list[dict] = []  # client-visible blocks, in client order
+        self.usage: dict | None = None
+        self._next = 0
+        self._new_round()
+
+    def _new_round(self) -> None:
+        self.assembler = MessageAssembler()
+        self._map: dict[int, int] = {}
+        self._hidden: set[int] = set()
+        self._held: list[tuple[int, list[dict]]] = []  # thinking blocks waiting for what follows
+
+    def new_round(self) -> None:
+        self.rounds += 1
+        self._new_round()
+
+    def _out(self, event: dict) -> bytes:
+        if isinstance(event.get("index"), int) and event["index"] in self._map:
+            event = {**event, "index": self._map[event["index"]]}
+        return encode(event)
+
+    def _show(self, index: int) -> None:
+        self._map[index] = self._next
+        self._next += 1
+
+    def _flush_held(self) -> bytes:
+        out = bytearray()
+        for index, events in self._held:
+            self._show(index)
+            out += b"".join(self._out(e) for e in events)
+        self._held = []
+        return bytes(out)
+
+    def feed(self, event: dict) -> bytes:
+        """Bytes for the client for one upstream event (b"" when nothing is told)."""
+        self.assembler.add(event)
+        kind = event.get("type")
+        if kind == "message_start":
+            if self.first is None and isinstance(event.get("message"), dict):
+                self.first = event["message"]
+            return encode(event) if self.rounds == 0 else b""
+        if kind in ("message_delta", "message_stop"):
+            return b""  # the caller decides: another round, or the end (`finish`)
+        index = event.get("index")
+        if not isinstance(index, int):
+            return encode(event)  # ping, and events the gateway does not know
+        if kind == "content_block_start":
+            block = event.get("content_block") or {}
+            if block.get("type") in THINKING:
+                self._held.append((index, [event]))
+                return b""
+            if is_recall_block(block, self.names):
+                self._hidden.add(index)
+                self._hidden.update(i for i, _ in self._held)
+                self._held = []
+                return b""
+            out = self._flush_held()
+            self._show(index)
+            return out + self._out(event)
+        if index in self._hidden:
+            return b""
+        for held_index, events in self._held:
+            if held_index == index:
+                events.append(event)
+                return b""
+        return self._out(event)
+
+    def end_round(self, *, final: bool) -> bytes:
+        """The round's stream ended: its usage counts, its visible blocks are kept; thinking
+        still held goes to the client after a final round, with the recall calls otherwise."""
+        self.usage = add_usage(self.usage, self.assembler.usage)
+        out = self._flush_held() if final else b""
+        self._held = []
+        shown = sorted(self._map, key=self._map.get)
+        self.visible.extend(self.assembler.blocks[i] for i in shown if i in self.assembler.blocks)
+        return out
+
+    def finish(self) -> bytes:
+        """The client's message_delta (the last call's stop reason, the summed usage) and message_stop."""
+        delta = {"stop_reason": self.assembler.stop_reason, "stop_sequence": None}
+        if self.assembler.stop_reason == "tool_use" and not any(b.get("type") == "tool_use" for b in self.visible):
+            delta["stop_reason"] = "end_turn"
+        return encode({"type": "message_delta", "delta": delta, "usage": self.usage or {}}) + encode({"type": "message_stop"})

@@ -1,0 +1,50 @@
+"""Claude Code itself (``claude -p --allowedTools Bash``) through the gateway on a 32k model.
+
+Straight against the strict simulator Claude Code is refused "prompt is too long" on fake-32k
+long before the end of a 34-step Bash chain (tests/simulator/test_cli_chains.py). Through the
+gateway the chain completes: every request the upstream received is accepted by Anthropic's
+rules (alternation, tool_result placement, at most 4 breakpoints, thinking signatures that
+verify) and fits the window, with placeholders and a summary in place of old results; the
+client's key (``x-api-key``) is one of the gateway's client keys, and summary jobs speak Messages. The
+binary comes from .ci/run (tests/support/clis.py); without it this test skips, under CI it fails.
+"""
+
+from __future__ import annotations
+
+from multidict import CIMultiDict
+
+from simulator.messages_rules import blocks, validate
+from tests.support.chain import first_prompt
+from tests.support.clis import run_claude
+
+STEPS = 34
+WINDOW = 32_000
+
+
+async def test_claude_code_completes_a_34_step_bash_chain_through_the_gateway_on_32k(upstream, start_gateway, tmp_path):
+    gw = await start_gateway(server={"client_keys": "required"}, tenants={"dev": "sk-ant-dev"},
+                             upstream={"format": "anthropic"})
+    run = await run_claude(gw.root, first_prompt("claude", STEPS), model="fake-32k", home=tmp_path,
+                           api_key="sk-ant-dev", timeout_s=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "Prompt is too long" not in run.stdout + run.stderr
+    received = [r for r in upstream.received if r["path"] == "/v1/messages" and r.get("json")]
+    work = [r for r in received if r["headers"].get("x-palimpsest-purpose") != "summary"]
+    secret = upstream.state.secret
+    calls: set[str] = set()
+    for r in work:
+        body = r["json"]
+        validate(body, CIMultiDict(r["headers"]), secret)  # what Anthropic would accept, signatures included
+        assert sum(t for _, t, _ in blocks(body)) <= WINDOW
+        assert any(m["role"] == "system" for m in body["messages"]) or len(body["messages"]) > 1
+        calls.update(b["id"] for m in body["messages"] if m["role"] == "assistant" and isinstance(m["content"], list)
+                     for b in m["content"] if b.get("type") == "tool_use" and b.get("name") == "Bash")
+    assert len(calls) >= 30, len(calls)
+    last = work[-1]["json"]
+    results = [b for m in last["messages"] if m["role"] == "user" and isinstance(m["content"], list)
+               for b in m["content"] if b.get("type") == "tool_result"]
+    assert f"CHAIN COMPLETE after {STEPS} steps" in str(results[-1]["content"])
+    text = [str(r["json"]) for r in work]
+    assert any("[Tool result compacted by the gateway]" in t for t in text), "no placeholder upstream"
+    assert any("<session_summary>" in t for t in text), "no summary block upstream"
+    assert len(received) > len(work)  # the summary jobs spoke Messages to the Anthropic upstream
