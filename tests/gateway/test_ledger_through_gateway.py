@@ -4,6 +4,7 @@ restarts and tenant isolation — all through real HTTP."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import openai
 
@@ -291,3 +292,24 @@ async def test_retention_sweep_runs_in_the_gateway(start_gateway):
             break
         await asyncio.sleep(0.1)
     assert [r.session_id for r in swept.app[LEDGER].sessions()] == ["fresh"]
+
+
+async def test_re_serialised_tool_arguments_keep_one_branch(gateway, upstream):
+    """A framework that sends the model's arguments back re-dumped (spaces, its own key order)
+    resends the same conversation: one branch, however many tool rounds."""
+    c = client(gateway, session="redump")
+    tool = {"type": "function", "function": {"name": "read", "parameters": {"type": "object", "properties": {}}}}
+    messages = [{"role": "user", "content": 'go [[call read {"target": "/srv/0", "turn": 0}]]'}]
+    for turn in range(3):
+        r = await c.chat.completions.create(model="m", messages=messages, tools=[tool])
+        call = r.choices[0].message.tool_calls[0]
+        assert call.function.arguments == f'{{"target":"/srv/{turn}","turn":{turn}}}'  # as the model wrote them
+        redumped = json.dumps(dict(reversed(list(json.loads(call.function.arguments).items()))))
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [{"id": call.id, "type": "function", "function": {"name": "read", "arguments": redumped}}]},
+            {"role": "tool", "tool_call_id": call.id, "content": f'out {turn} [[call read {{"target": "/srv/{turn + 1}", "turn": {turn + 1}}}]]'},
+        ]
+    await c.chat.completions.create(model="m", messages=messages, tools=[tool])
+    ledger, record, events = session_events(gateway, "redump")
+    assert len(ledger.heads(record.key)) == 1
+    assert [e.role for e in events] == ["user"] + ["assistant", "tool"] * 3 + ["assistant"]
