@@ -36,7 +36,7 @@ from aiohttp import web
 from simulator.counting import content_text, count_message, count_prompt, count_text, window_for
 from simulator.errors import SIMULATED_NOTICE, PuppetError, error_middleware, injected_failure, invalid
 from simulator.extra_routes import (EMBEDDING_DIM, RECORD_BODY_LIMIT, dumps, echo, echo_gzip,
-                                    echo_stream, embeddings, unit_vector)
+                                    echo_stream, embeddings, unit_vector, unknown_route)
 from simulator.options import add_arguments
 from simulator.script import RECALL_ANSWER_CHARS, Answer, decide, markers
 from simulator.state import (DEFAULT_MODELS, FIXTURE_MODELS, PUPPET_STATE, RECEIVED, PuppetState,
@@ -193,7 +193,9 @@ def create_puppet_app(*, default_window: int = 128_000, windows: dict[str, int] 
     app.router.add_post("/v1/embeddings", embeddings)
     app.router.add_route("*", "/v1/echo/gzip", echo_gzip)
     app.router.add_route("*", "/v1/echo/stream", echo_stream)
-    app.router.add_route("*", "/v1/{tail:.*}", echo)
+    app.router.add_route("*", "/v1/echo", echo)
+    app.router.add_route("*", "/v1/echo/{tail:.*}", echo)
+    app.router.add_route("*", "/v1/{tail:.*}", unknown_route)
     return app
 
 
