@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import socket
 import time
 from typing import Any, Iterable
 
@@ -224,15 +225,19 @@ def app_from_args(args: argparse.Namespace) -> web.Application:
                              models=(*DEFAULT_MODELS, *(FIXTURE_MODELS if args.fixtures else ()), *extra))
 
 
-def serve(args: argparse.Namespace, banner: str | None = None) -> None:
-    """Serve until interrupted."""
+def serve(args: argparse.Namespace, banner: str | None = None, sock: socket.socket | None = None) -> None:
+    """Serve until interrupted, on `sock` when given (bound by the caller, who reported a busy
+    port already), else on args.host:args.port."""
     app = app_from_args(args)
     with contextlib.suppress(ImportError):
         import uvloop  # optional: the benchmark's upstream should not be its bottleneck
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     print(banner or f"puppet ({SIMULATED_NOTICE}) on http://{args.host}:{args.port}/v1", flush=True)
-    web.run_app(app, host=args.host, port=args.port, access_log=None, print=None)
+    if sock is not None:
+        web.run_app(app, sock=sock, access_log=None, print=None)
+    else:
+        web.run_app(app, host=args.host, port=args.port, access_log=None, print=None)
 
 
 def main(argv: list[str] | None = None) -> None:
