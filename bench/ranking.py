@@ -25,7 +25,7 @@ Workloads (each query belongs to one split, fixed by a hash, so tuning never see
   were asked once and answered with a reply that holds no fact (`asked_once`): the earlier ask
   matches the question best and must not outrank the fact (`Ranking.echo`). `--no-repeat` skips it.
 
-Variants (`--variants`, comma-separated or `all`): named bundles of the candidates of issue 10
+Variants (`--variants`, comma-separated or `all`): named bundles of the ranking candidates
 (chunk size and overlap, fusion weights, vector floor, neighbour borrowing, query cleaning).
 A name may derive from another with Ranking fields (`base@text_scale=30`; `real` is the ranking a
 configured /v1/embeddings model gets), and `--grid` adds every combination of some fields; with
@@ -73,8 +73,8 @@ VARIANTS: dict[str, tuple[int, int, Ranking]] = {
     "echo0.2": (1200, 200, dataclasses.replace(BASE, echo=0.2)),
     "echo0.05": (1200, 200, dataclasses.replace(BASE, echo=0.05)),
     "old": (1200, 200, Ranking(vector_weight=1.0, role_prior=0.0, exchange=0.0, tool_lines=0.0,
-                               text_extra=0)),  # before issue 10's tuning
-    # Before the second round of issue 10 (exchange pairing, tool-result lines).
+                               text_extra=0)),  # before any tuning
+    # Before exchange pairing and tool-result lines.
     "pre": (1200, 200, dataclasses.replace(BASE, role_prior=0.0, exchange=0.0, tool_lines=0.0,
                                            text_extra=0)),
     "noexchange": (1200, 200, dataclasses.replace(BASE, role_prior=0.0, exchange=0.0)),

@@ -227,8 +227,8 @@ async def test_readyz_reports_store_reachability(gateway):
 
 
 async def test_answer_is_durable_when_the_client_has_it(gateway, tmp_path):
-    """Issue 9 item 6: no in-memory window; once the client has the answer, another reader of
-    the store sees it (no flush, no waiting)."""
+    """No in-memory window: once the client has the answer, another reader of the store sees it
+    (no flush, no waiting)."""
     import sqlite3
 
     r = await client(gateway, session="durable-now").chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}])

@@ -153,7 +153,7 @@ async def test_retention_sweep_deletes_only_sessions_idle_longer_than_the_ttl(tm
 
 
 def test_answer_is_committed_when_append_returns(tmp_path):
-    """Issue 9 item 6: an answer reaches the database before `append` returns (no 0.5 s window):
+    """An answer reaches the database before `append` returns (no window of buffered writes):
     another connection sees it without any flush."""
     ledger = Ledger(tmp_path)
     ref = SessionRef("t", "s")
