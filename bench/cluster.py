@@ -1,4 +1,4 @@
-"""Scale-out benchmark (issue 12): replicas behind nginx on PostgreSQL and an S3 index.
+"""Scale-out benchmark: replicas behind nginx on PostgreSQL and an S3 index.
 
 Starts the local cluster with scripts/cluster.sh (PostgreSQL, moto's S3 server, the simulated
 upstream with latency, nginx, N replicas) and runs agent sessions through nginx:
@@ -16,7 +16,7 @@ as SDKs do. Afterwards, read from PostgreSQL and the S3 index directly:
 Then: throughput with 3 replicas against 1 (same cluster, nginx pointed at one), and the
 per-request time one replica adds on PostgreSQL against the embedded store (a lone
 `palimpsest serve` on the same upstream without latency), p50, plus the cost of committing an
-answer synchronously on the embedded ledger (issue 9, item 6).
+answer synchronously on the embedded ledger.
 
     .venv/bin/python bench/cluster.py                  # full size (~10 minutes on 2 CPUs)
     .venv/bin/python bench/cluster.py --sessions 6 --turns 3 --throughput-turns 2   # quick
@@ -240,7 +240,7 @@ async def overhead(url: str, n: int, tag: str) -> float:
 
 
 def commit_cost(n: int = 2000) -> dict:
-    """Issue 9 item 6: p50 of appending an answer with a commit of its own, vs deferred."""
+    """p50 of appending an answer with a commit of its own, vs deferred."""
     from store.ledger import Ledger, SessionRef
 
     root = Path(tempfile.mkdtemp(prefix="palimpsest-commit-"))

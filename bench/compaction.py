@@ -1,4 +1,4 @@
-"""Transparent compaction (issue 3): what the provider receives for long sessions on a 32k model.
+"""Transparent compaction: what the provider receives for long sessions on a 32k model.
 
     .venv/bin/python bench/compaction.py --quick          # < 2 minutes
     .venv/bin/python bench/compaction.py                  # full run, < 10 minutes on 2 CPUs

@@ -13,7 +13,7 @@ of N short alternating user/assistant messages (10,000 is ~430 KB): small in byt
 message is hashed, written, counted, summarised and indexed. The prober goes on for ``--tail``
 seconds after the answer, because the summary job and the indexer run after the response.
 Reported per round: the big request's status and wall time, and /healthz p50 / p99 / max during
-it and its tail (target: max < 1 s, issue 9). A /healthz that has not answered when the tail
+it and its tail (target: max < 1 s). A /healthz that has not answered when the tail
 ends counts with the time it has waited so far.
 """
 

@@ -1,4 +1,4 @@
-"""How long ``palimpsest inspect SESSION`` takes on a large session (issue 11: ≤ 1 s for 500 messages).
+"""How long ``palimpsest inspect SESSION`` takes on a large session (target: ≤ 1 s for 500 messages).
 
 Builds a store with one session of ``--rounds`` agent rounds (4 messages each: user, tool call,
 tool result, answer; 125 rounds = 500 messages plus the system prompt) by replaying the bundled

@@ -1,4 +1,4 @@
-"""What holds the recall index's memory under load (issue 9), without the gateway.
+"""What holds the recall index's memory under load, without the gateway.
 
     python -m bench.lance_memory --seconds 150            # 20 sessions, the index as the gateway uses it
     python -m bench.lance_memory --cache-mb 128           # one variant at a time (see --help)
@@ -16,7 +16,7 @@ told otherwise, so the figures compare with the gateway's. The defaults match wh
 index received in bench/load.py (adds of ~75 rows: 20-25 LanceDB versions per session in 120 s;
 proactive searches scoped to one of ten conversations). After the load it idles, trims and samples
 again, then closes the index: what stays is retained (caches, handles, a leak), the rest was in
-flight. Findings (issue 9), 150 s runs: before the fixes RSS grew +38.7% after warm-up and
+flight. Findings, 150 s runs: before the fixes RSS grew +38.7% after warm-up and
 glibc's in-use heap 119 -> 225 MB, tracking LanceDB's cache as it filled to its 128 MB cap; with
 a 16 MB cap still +27% (in-use 92 -> 161 MB in flight: scoped searches re-queried deeper and
 deeper, reading the whole session each round). With scoped searches prefiltered, embeddings in

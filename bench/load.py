@@ -12,7 +12,7 @@ new conversation after ``--rounds`` rounds so the run reaches a steady state. Th
 deliberately small (``--queue-size``) so it fills: a full queue must degrade to tailoring (the
 request goes on with a tailored view), never to errors or unbounded memory.
 
-Figures against issue 9's targets: errors (any request without a complete answer) = 0, gateway
+Figures against the load targets: errors (any request without a complete answer) = 0, gateway
 RSS growth after warm-up <= 10% (median of the first samples after warm-up vs the last ones),
 summary queue depth never above its bound (``/metrics``), and no session starves (completed
 requests and worst latency per session).

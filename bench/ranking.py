@@ -21,8 +21,11 @@ Workloads (each query belongs to one split, fixed by a hash, so tuning never see
   words. Split by sha256(fact statement). Same seeds as `agent`, other facts and other filler.
 - `planted`: ten personal facts planted into LongMemEval haystacks as user turns, asked by
   keyword and by paraphrase (bench/search_latency.py's PLANTED). Split by sha256(fact).
+- `<workload>:again`: every question of the workload asked a second time, after all of them
+  were asked once and answered with a reply that holds no fact (`asked_once`): the earlier ask
+  matches the question best and must not outrank the fact (`Ranking.echo`). `--no-repeat` skips it.
 
-Variants (`--variants`, comma-separated or `all`): named bundles of the candidates of issue 10
+Variants (`--variants`, comma-separated or `all`): named bundles of the ranking candidates
 (chunk size and overlap, fusion weights, vector floor, neighbour borrowing, query cleaning).
 A name may derive from another with Ranking fields (`base@text_scale=30`; `real` is the ranking a
 configured /v1/embeddings model gets), and `--grid` adds every combination of some fields; with
@@ -65,9 +68,13 @@ BASE = Ranking()
 # name -> (chunk_chars, overlap_chars, Ranking)
 VARIANTS: dict[str, tuple[int, int, Ranking]] = {
     "base": (1200, 200, BASE),
+    "noecho": (1200, 200, dataclasses.replace(BASE, echo=1.0)),  # earlier asks keep their score
+    "echo0.5": (1200, 200, dataclasses.replace(BASE, echo=0.5)),
+    "echo0.2": (1200, 200, dataclasses.replace(BASE, echo=0.2)),
+    "echo0.05": (1200, 200, dataclasses.replace(BASE, echo=0.05)),
     "old": (1200, 200, Ranking(vector_weight=1.0, role_prior=0.0, exchange=0.0, tool_lines=0.0,
-                               text_extra=0)),  # before issue 10's tuning
-    # Before the second round of issue 10 (exchange pairing, tool-result lines).
+                               text_extra=0)),  # before any tuning
+    # Before exchange pairing and tool-result lines.
     "pre": (1200, 200, dataclasses.replace(BASE, role_prior=0.0, exchange=0.0, tool_lines=0.0,
                                            text_extra=0)),
     "noexchange": (1200, 200, dataclasses.replace(BASE, role_prior=0.0, exchange=0.0)),
@@ -297,8 +304,28 @@ def planted_sessions(cases: int, turns_limit: int | None = None) -> list[Session
     return out
 
 
-async def evaluate(sessions: list[Session], variants: list[str], embedder, by_phrasing: bool = False) -> dict:
-    """{variant: {(workload, split): [rank or None, ...]}} plus build and search times."""
+ANSWERED_NOTHING = "Let me look through our earlier work for that."
+
+
+def asked_once(session: Session) -> list[IndexedEvent]:
+    """Each of the session's questions as a user turn, answered by a reply that holds no fact
+    (the first ask missed, or the model is unsure): what a repeated ask searches through."""
+    last = session.events[-1]
+    turns = [turn for query in session.queries for turn in (("user", query.text), ("assistant", ANSWERED_NOTHING))]
+    events, parent = [], last.event_id
+    for n, (role, text) in enumerate(turns, start=1):
+        event_id = f"{session.key}-again{n}"
+        events.append(IndexedEvent(event_id, last.seq + n, role, last.created + 60 * n, text, parent))
+        parent = event_id
+    return events
+
+
+async def evaluate(sessions: list[Session], variants: list[str], embedder, by_phrasing: bool = False,
+                   repeat: bool = True) -> dict:
+    """{variant: {(workload, split): [rank or None, ...]}} plus build and search times.
+
+    With `repeat`, every question is asked a second time after all of them were asked once
+    (`asked_once`); those asks count under the workload `<name>:again`."""
     ranks: dict[str, dict[tuple[str, str], list[int | None]]] = {v: {} for v in variants}
     times: dict[str, list[float]] = {"build_s": [], "search_ms": []}
     misses: dict[str, list[str]] = {}
@@ -307,6 +334,21 @@ async def evaluate(sessions: list[Session], variants: list[str], embedder, by_ph
     for name in variants:
         chunk, overlap, _ = variant_of(name)
         by_chunking.setdefault((chunk, overlap), []).append(name)
+
+    async def ask(index, session: Session, query: Query, names: list[str], workload: str) -> None:
+        for name in names:
+            started = time.perf_counter()
+            hits = await index.search(session.key, query.text, limit=5, ranking=rankings[name])
+            times["search_ms"].append((time.perf_counter() - started) * 1e3)
+            rank = next((i + 1 for i, h in enumerate(hits) if h.event_id in query.evidence), None)
+            ranks[name].setdefault((workload, query.split), []).append(rank)
+            if by_phrasing and query.workload != "lme":  # the label's suffix
+                phrasing = {"q": "question", "k": "keyword", "p": "paraphrase"}[query.label[-1]]
+                ranks[name].setdefault((f"{workload}:{phrasing}", query.split), []).append(rank)
+            if rank != 1:
+                misses.setdefault(name, []).append(
+                    f"{workload}/{query.split} {query.label} rank={rank}: {query.text[:70]}")
+
     for (chunk, overlap), names in by_chunking.items():
         with tempfile.TemporaryDirectory() as tmp:
             index = SearchIndex(str(Path(tmp) / "index"), embedder, chunk, overlap)
@@ -316,21 +358,11 @@ async def evaluate(sessions: list[Session], variants: list[str], embedder, by_ph
                     await index.add(session.key, session.events)
                     times["build_s"].append(time.perf_counter() - started)
                     for query in session.queries:
-                        for name in names:
-                            started = time.perf_counter()
-                            hits = await index.search(session.key, query.text, limit=5,
-                                                      ranking=rankings[name])
-                            times["search_ms"].append((time.perf_counter() - started) * 1e3)
-                            rank = next((i + 1 for i, h in enumerate(hits)
-                                         if h.event_id in query.evidence), None)
-                            ranks[name].setdefault((query.workload, query.split), []).append(rank)
-                            if by_phrasing and query.workload != "lme":  # the label's suffix
-                                phrasing = {"q": "question", "k": "keyword", "p": "paraphrase"}[query.label[-1]]
-                                workload = f"{query.workload}:{phrasing}"
-                                ranks[name].setdefault((workload, query.split), []).append(rank)
-                            if rank != 1:
-                                misses.setdefault(name, []).append(
-                                    f"{query.workload}/{query.split} {query.label} rank={rank}: {query.text[:70]}")
+                        await ask(index, session, query, names, query.workload)
+                    if repeat:
+                        await index.add(session.key, asked_once(session))
+                        for query in session.queries:
+                            await ask(index, session, query, names, query.workload + ":again")
             finally:
                 index.close()
     return {"ranks": ranks, "times": times, "misses": misses}
@@ -402,7 +434,7 @@ async def run(args) -> dict:
         variants += [v for v in grid(args.grid_base, args.grid) if v not in variants]
     for name in variants:
         variant_of(name)  # unknown names fail before any indexing
-    evaluated = await evaluate(sessions, variants, embedder, args.by_phrasing)
+    evaluated = await evaluate(sessions, variants, embedder, args.by_phrasing, not args.no_repeat)
     times = evaluated["times"]
 
     def p50(values):
@@ -436,6 +468,8 @@ def main(argv: list[str] | None = None) -> None:
                         "split (mean hit@1 over workloads, then hit@5), after the --variants themselves")
     parser.add_argument("--by-phrasing", action="store_true",
                         help="also columns per phrasing (question or keyword / paraphrase) of each fact workload")
+    parser.add_argument("--no-repeat", action="store_true",
+                        help="skip the second ask of every question (the `<workload>:again` columns)")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args(argv)
     args.cases = args.cases or (20 if args.quick else None)

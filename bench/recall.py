@@ -1,4 +1,4 @@
-"""Recall (issue 4): does an exact old fact come back through session_search / session_load?
+"""Recall: does an exact old fact come back through session_search / session_load?
 
     .venv/bin/python bench/recall.py --quick              # a handful of cases, < 3 minutes
     .venv/bin/python bench/recall.py                      # full run, < 15 minutes on 2 CPUs
@@ -530,13 +530,13 @@ def render(result: dict) -> str:
         lines.append("  in-turn recall tool times (first search of a session includes indexing it): " + "; ".join(
             f"{k} n={len(v)} p50 {percentile(v, 50) * 1e3:.1f} ms max {max(v) * 1e3:.0f} ms"
             for k, v in tt.items() if v))
-    lines += ["", "issue 10 targets:", *result["checks"]]
+    lines += ["", "targets:", *result["checks"]]
     lines += [f"note: {n}" for n in result["notes"]]
     return "\n".join(lines)
 
 
 def checks(result: dict) -> list[str]:
-    """Issue 10's targets, side by side with sending the same request direct (no gateway)."""
+    """The recall targets, side by side with sending the same request direct (no gateway)."""
     ok = lambda cond: "OK" if cond else "MISS"  # noqa: E731
     out = [f"{'figure':<52} {'direct':<26} {'through Palimpsest':<44} target"]
     lme = {s["mode"]: s for s in result.get("longmemeval", [])}
@@ -668,7 +668,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _rank_as_before() -> None:
-    """Every SearchIndex built in this process ranks as before issue 10's second round."""
+    """Every SearchIndex built in this process ranks as before exchange pairing and tool-result lines (the `pre` ranking of bench/ranking.py)."""
     from store.index import Ranking, SearchIndex
 
     before = Ranking(role_prior=0.0, exchange=0.0, tool_lines=0.0, text_extra=0)

@@ -1,4 +1,4 @@
-"""Summary jobs under faults (issue 9): what a weak or rate-limited summary model costs.
+"""Summary jobs under faults: what a weak or rate-limited summary model costs.
 
     .venv/bin/python bench/summary_faults.py --quick      # < 1 minute
     .venv/bin/python bench/summary_faults.py              # ~3 minutes on 2 CPUs

@@ -1,5 +1,5 @@
-"""The puppet's other routes: embeddings (hash-seeded unit vectors) and the echo endpoints
-that pass-through tests read back."""
+"""The puppet's other routes: embeddings (hash-seeded unit vectors), the echo endpoints under
+/v1/echo that pass-through tests read back, and a provider's 404 for any other /v1 route."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import orjson
 from aiohttp import web
 
 from simulator.counting import count_text
-from simulator.errors import invalid
+from simulator.errors import SIMULATED_NOTICE, PuppetError, invalid
 from simulator.state import record
 from simulator.validation import loads_or_none, parse_json_body
 
@@ -85,6 +85,14 @@ async def _echo_payload(request: web.Request) -> dict[str, Any]:
 
 async def echo(request: web.Request) -> web.Response:
     return web.json_response(await _echo_payload(request), dumps=dumps)
+
+
+async def unknown_route(request: web.Request) -> web.Response:
+    """A route the simulator does not serve: 404 in the error envelope, worded like the provider's
+    ("Invalid URL (POST /v1/responses)"), so a client fails with a message that says so."""
+    await _echo_payload(request)  # recorded like any request, the body read to its end
+    raise PuppetError(404, f"Invalid URL ({request.method} {request.path}); the {SIMULATED_NOTICE} "
+                      "serves /v1/chat/completions, /v1/models, /v1/embeddings and /v1/echo/*.")
 
 
 async def echo_gzip(request: web.Request) -> web.Response:

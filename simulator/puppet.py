@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import socket
 import time
 from typing import Any, Iterable
 
@@ -39,7 +40,7 @@ from aiohttp import web
 from simulator.counting import content_text, count_message, count_prompt, count_text, window_for
 from simulator.errors import SIMULATED_NOTICE, PuppetError, error_middleware, injected_failure, invalid
 from simulator.extra_routes import (EMBEDDING_DIM, RECORD_BODY_LIMIT, dumps, echo, echo_gzip,
-                                    echo_stream, embeddings, unit_vector)
+                                    echo_stream, embeddings, unit_vector, unknown_route)
 from simulator.options import add_arguments
 from simulator import messages, responses
 from simulator.script import RECALL_ANSWER_CHARS, Answer, decide, markers
@@ -187,7 +188,9 @@ def create_puppet_app(*, default_window: int = 128_000, windows: dict[str, int] 
     messages.add_routes(app)
     app.router.add_route("*", "/v1/echo/gzip", echo_gzip)
     app.router.add_route("*", "/v1/echo/stream", echo_stream)
-    app.router.add_route("*", "/v1/{tail:.*}", echo)
+    app.router.add_route("*", "/v1/echo", echo)
+    app.router.add_route("*", "/v1/echo/{tail:.*}", echo)
+    app.router.add_route("*", "/v1/{tail:.*}", unknown_route)
     return app
 
 
@@ -216,15 +219,19 @@ def app_from_args(args: argparse.Namespace) -> web.Application:
                              models=(*DEFAULT_MODELS, *(FIXTURE_MODELS if args.fixtures else ()), *extra))
 
 
-def serve(args: argparse.Namespace, banner: str | None = None) -> None:
-    """Serve until interrupted."""
+def serve(args: argparse.Namespace, banner: str | None = None, sock: socket.socket | None = None) -> None:
+    """Serve until interrupted, on `sock` when given (bound by the caller, who reported a busy
+    port already), else on args.host:args.port."""
     app = app_from_args(args)
     with contextlib.suppress(ImportError):
         import uvloop  # optional: the benchmark's upstream should not be its bottleneck
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     print(banner or f"puppet ({SIMULATED_NOTICE}) on http://{args.host}:{args.port}/v1", flush=True)
-    web.run_app(app, host=args.host, port=args.port, access_log=None, print=None)
+    if sock is not None:
+        web.run_app(app, sock=sock, access_log=None, print=None)
+    else:
+        web.run_app(app, host=args.host, port=args.port, access_log=None, print=None)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -85,7 +85,7 @@ def answer_tool_result(body: dict[str, Any], last: dict[str, Any]) -> Answer:
         results = (loads_or_none(text) or {}).get("results") if isinstance(loads_or_none(text), dict) else None
         if not results:
             return Answer(content="ANSWER: not found")
-        if results[0].get("passage"):  # an answerable result (issue 10): no load round trip
+        if results[0].get("passage"):  # an answerable result: no load round trip
             return Answer(content=f"ANSWER: {str(results[0]['passage'])[:RECALL_ANSWER_CHARS]}")
         load = offered_tool(body, "session_load")
         if load is None:

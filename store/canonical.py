@@ -1,19 +1,40 @@
 """Canonical form and content addresses of chat messages.
 
-Clients resend the whole history every turn, and SDKs reshape messages on the way back
-(``refusal: null``, empty ``annotations``, key order, text parts vs. a plain string). The
-canonical form keeps only what changes the meaning of a message, so a resent message gets the
-same id, and the id of a message also covers its parent: the path of ids is a hash chain.
-Items of other wire formats arrive in the neutral model (``policies/conversation.py``): their
-opaque items (reasoning, thinking) are meaning too, in their identity form, and their ``wire``
-copy is not. A legacy ``function_call`` is meaning (two answers calling different functions are two events);
-it joined the canonical form after stores had been written, so a session that used legacy
-``functions`` before then forks once at its next such message, losing nothing.
+Clients resend the whole history every turn, and SDKs and agent frameworks reshape messages on
+the way back. The canonical form keeps only what changes the meaning of a message, so the same
+conversation resent by any client gets the same ids, and the id of a message also covers its
+parent: the path of ids is a hash chain. What each reshaping does to the identity:
+
+- tool-call ``arguments`` (and a legacy ``function_call``'s) that parse as JSON count by their
+  value: re-dumped compact with sorted keys, so ``{"a":1,"b":2}`` as the model wrote it and
+  ``{"b": 2, "a": 1}`` as a framework re-serialised it are one event. Empty arguments are ``{}``.
+  Arguments that do not parse (a model's broken JSON) count as the raw string.
+- ``content: ""``, ``null``, ``[]`` and a missing content are the same (no text); text parts and
+  the plain string they join into are the same. Other parts (images, audio) count as sent,
+  without their null fields.
+- whitespace in content counts: no client tested rewrites it, and a changed space in a code
+  block or a prompt is an edit the ledger must keep.
+- ``name`` counts where it is set (the speaker in a multi-party chat; on a tool result the
+  client resends what it sent). The gateway never adds one to an answer it records.
+- the order of ``tool_calls`` counts: clients resend the calls in the order the model made
+  them, and the provider pairs results in that order.
+- items of other wire formats arrive in the neutral model (``policies/conversation.py``): their
+  opaque items (reasoning, thinking) are meaning, in their identity form (provider ids, status
+  and ``cache_control`` left out); their ``wire`` copy is not.
+- fields frameworks add or drop (``refusal``, ``audio``, ``annotations``, ``function_call:
+  null``, ``reasoning_content``, key order) are not meaning and are left out.
+
+Changing the canonical form changes the ids of stored events it reads differently, so such a
+session forks once at its next resend of them, losing nothing (the new branch holds the whole
+resent history). That happened when legacy ``function_call`` joined the form (sessions that
+used legacy ``functions``) and when arguments came to count by value (tool calls whose stored
+arguments were not compact sorted JSON).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 import orjson
@@ -53,6 +74,19 @@ def canonical_content(content: Any) -> Any:
     return content
 
 
+def canonical_arguments(arguments: Any) -> str:
+    """A tool call's arguments by value when they are JSON, else the raw string."""
+    if not isinstance(arguments, str):  # a framework that sends the object itself
+        arguments = orjson.dumps(arguments).decode() if arguments is not None else ""
+    if not arguments.strip():
+        return "{}"
+    try:  # the stdlib parser keeps big integers exact, where orjson would round them to floats
+        value = json.loads(arguments)
+    except (ValueError, RecursionError):
+        return arguments
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))  # ASCII: a lone surrogate stays an escape
+
+
 def canonical_message(message: dict) -> dict:
     """The meaning-bearing subset of a message, in a stable shape."""
     out: dict[str, Any] = {"role": message.get("role")}
@@ -69,7 +103,7 @@ def canonical_message(message: dict) -> dict:
                 "type": call.get("type") or "function",
                 "function": {
                     "name": (call.get("function") or {}).get("name"),
-                    "arguments": (call.get("function") or {}).get("arguments") or "",
+                    "arguments": canonical_arguments((call.get("function") or {}).get("arguments")),
                 },
             }
             for call in tool_calls
@@ -79,7 +113,7 @@ def canonical_message(message: dict) -> dict:
         out["tool_call_id"] = message["tool_call_id"]
     function_call = message.get("function_call")  # legacy `functions`: the call is the message
     if isinstance(function_call, dict):
-        out["function_call"] = {"name": function_call.get("name"), "arguments": function_call.get("arguments") or ""}
+        out["function_call"] = {"name": function_call.get("name"), "arguments": canonical_arguments(function_call.get("arguments"))}
     opaque = message.get("opaque")  # reasoning, thinking, provider items: policies/conversation.py
     if opaque:
         out["opaque"] = opaque_identity(opaque)

@@ -115,7 +115,7 @@ class DiskCheckpoints:
         return len(legacy)
 
     def _remember(self, session_key: str, found: tuple[Checkpoint, ...]) -> tuple[Checkpoint, ...]:
-        # Bounded: every checkpoint of every session ever seen stayed in memory (issue 9, load).
+        # Bounded (least recently used out): a memo of every session ever seen would grow forever.
         self._memo[session_key] = found
         self._memo.move_to_end(session_key)
         while len(self._memo) > MEMO_SESSIONS:

@@ -77,7 +77,7 @@ def snippet(text: str, query: str, width: int = 300) -> str:
     # The tightest run of hits holding the most distinct terms (the earliest on ties), shown
     # from a third of the width before it. A run spans at most two thirds of the width, so it
     # fits; tightest, so a fact's line holding every term beats a stretch of filler where the
-    # terms merely fall within one window (the earliest such stretch used to win, leaving the
+    # terms merely fall within one window (the earliest such stretch would win and leave the
     # fact cut off at the window's end).
     start = 0
     best: tuple[int, int] = (0, 0)

@@ -89,7 +89,7 @@ class WordLlamaEmbedder:
         model = self._loaded()
         # WordLlama pads a batch to its longest text and gathers a (texts, tokens, dim) float32
         # array, then a second one for the masked sum: 64 chunks of ~500 tokens held ~70 MB per
-        # call, in worker threads' heaps (issue 9, load). Batches of EMBED_BATCH texts of similar
+        # call, in worker threads' heaps. Batches of EMBED_BATCH texts of similar
         # length keep that to a few MB; padding adds zeros only, so the vectors are the same.
         vectors = np.empty((len(texts), self.dim), dtype=np.float32)
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))

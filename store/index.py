@@ -69,8 +69,8 @@ logger = logging.getLogger(__name__)
 MAINTAIN_AFTER_ADDS = 16
 MAINTAIN_AFTER_ROWS = 256
 OPEN_TABLES = 128
-# Sessions whose index is optimised at the same time (issue 9, load): each optimize() rewrites
-# fragments and merges the FTS index in native memory; 20 at once held hundreds of MB.
+# Sessions whose index is optimised at the same time: each optimize() rewrites fragments and
+# merges the FTS index in native memory, and 20 at once hold hundreds of MB.
 MAINTAIN_CONCURRENTLY = 2
 HIGH_WATER_TRACKED = 10_000  # sessions whose high-water mark is remembered (locks: a weak map)
 # LanceDB's index + metadata caches, split evenly. Its default is GiBs: they grew ~1 MB per append under load.
@@ -156,7 +156,7 @@ class SearchIndex:
         self._high_water: dict[str, int] = {}  # at most HIGH_WATER_TRACKED, oldest dropped first
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._maintenance: dict[str, asyncio.Task[None]] = {}
-        self._maintaining = asyncio.Semaphore(MAINTAIN_CONCURRENTLY)  # bounded optimize() (issue 9, load)
+        self._maintaining = asyncio.Semaphore(MAINTAIN_CONCURRENTLY)  # bounded optimize(), see MAINTAIN_CONCURRENTLY
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -423,7 +423,7 @@ class SearchIndex:
         # (checked: 300 appends racing 31 optimize() calls and searches lost no row), so adds
         # on the catch-up path never wait ~0.2 s behind an optimize.
         try:
-            async with self._maintaining:  # bounded optimize() (issue 9, load)
+            async with self._maintaining:  # bounded optimize(), see MAINTAIN_CONCURRENTLY
                 await table.optimize(cleanup_older_than=_KEEP_OLD_VERSIONS)
         except Exception:
             # Searches stay correct without it (the tail is scanned flat); the next

@@ -14,7 +14,7 @@ __all__ = ["PREFILTER_WITHIN", "retrieve", "scope_filter", "sql_string"]
 
 # A search scope (`within`) up to this size is a prefilter inside LanceDB, a larger one a
 # post-filter: filtered after retrieval, a few events' scope made each leg re-query deeper and
-# deeper, reading the whole session's rows, text included, several times (issue 9, load).
+# deeper, reading the whole session's rows, text included, several times.
 PREFILTER_WITHIN = 512
 
 

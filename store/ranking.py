@@ -10,6 +10,13 @@ its exchange partner scores (`Ranking.exchange`, on by default). Borrowing a sha
 neighbour's score regardless of role (`Ranking.neighbour`) measured no better and is off. The
 weights were tuned with `bench/ranking.py` on a fixed tuning split and are reported there on
 a held-out split.
+
+A turn that asks is not evidence for its own answer. Asked twice, "what is the staging deploy
+id?" matches the earlier ask best on both legs (the same words, the same meaning), above the
+tool output that states the id. So an *echo* of the query, an event that is a near-duplicate of
+it or a user turn asking a question that matches it, keeps only `Ranking.echo` of its score and
+none of the pairing and answer-type bonuses, unless it holds a value of the kind asked for. It
+is demoted, not dropped: when nothing else matches, the earlier ask is still the best lead.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from store.answer_types import expected_type, has_candidate
 from store.chunking import snippet
 from store.passages import best_line, terms
 
-__all__ = ["Hit", "Ranking", "fuse", "text_query", "vector_query"]
+__all__ = ["Hit", "Ranking", "fuse", "is_echo", "text_query", "vector_query"]
 
 SNIPPET_CHARS = 300
 
@@ -86,6 +93,9 @@ class Ranking:
     # misses asks for a type) and changed no hit@1 of the agent, tool-log or planted facts
     # (0.05-0.2 measured alike there; 0.3 and 0.5 lost a planted fact).
     answer_type: float = 0.2
+    # An echo of the query (see the module docstring) keeps this share of its fused score
+    # (1 = off). Tuned with `bench/ranking.py`'s repeated asks: see bench/README.md, Recall.
+    echo: float = 0.1
 
 
 @dataclass(frozen=True)
@@ -130,14 +140,17 @@ def fuse(
     Rows carry `seq` (the ledger's order) and, when indexed with it, `parent`: an event's
     neighbours are its parent and the events whose parent it is.
     """
+    legs = [rows for rows in legs if rows]
+    kind = expected_type(query) if ranking.answer_type else None
+    echoed = _echoes(legs, query, kind) if ranking.echo < 1.0 else set()
     chunk_scores: dict[tuple[str, int], float] = {}
     chunk_rows: dict[tuple[str, int], dict] = {}
     event_scores: dict[str, float] = {}
     for rows in legs:
-        if not rows:
-            continue
         if "_score" in rows[0]:
-            top = max(max(row["_score"] for row in rows), ranking.text_scale) or 1.0
+            # An echo matches the query's words best of all: the scale is the best other row's.
+            fair = [row["_score"] for row in rows if row["event_id"] not in echoed] or [row["_score"] for row in rows]
+            top = max(max(fair), ranking.text_scale) or 1.0
             weight = ranking.text_weight * _margin(rows, ranking.text_margin)
             scores = [weight * row["_score"] / top for row in rows]
         else:
@@ -159,12 +172,13 @@ def fuse(
         current = best_chunk.get(key[0])
         if current is None or score > chunk_scores[current]:
             best_chunk[key[0]] = key
+    echoes = {event_id: ranking.echo * event_scores[event_id] for event_id in echoed if event_id in event_scores}
+    event_scores.update(echoes)
     if ranking.role_prior or ranking.exchange:
         wanted = asked_role(query)
         if wanted:
             rows = {event_id: chunk_rows[key] for event_id, key in best_chunk.items()}
             event_scores = _pair(event_scores, rows, wanted, ranking)
-    kind = expected_type(query) if ranking.answer_type else None
     if kind:  # a tool result's candidate must be on its best line (`_tool_lines`)
         for event_id, key in best_chunk.items():
             row = chunk_rows[key]
@@ -176,6 +190,7 @@ def fuse(
     if ranking.neighbour:
         event_scores = _borrow(event_scores, {e: chunk_rows[k] for e, k in best_chunk.items()},
                                ranking.neighbour)
+    event_scores.update(echoes)  # an echo takes none of the bonuses it may have been given
     hits = []
     for event_id, score in sorted(event_scores.items(), key=lambda item: -item[1])[:limit]:
         row = chunk_rows[best_chunk[event_id]]
@@ -233,6 +248,62 @@ def _tool_lines(
         elif score > best[0]:
             heapq.heapreplace(best, score)
     return lifted
+
+
+# Near-duplicate: a text holding this share of the query's content words and none of its own
+# (one word more may be the answer: "I water the garden on *Sundays*" for "when do I water the
+# garden"). A question that matches: a user turn with a question mark holding QUESTION_OVERLAP
+# of the query's content words, in at most QUESTION_EXTRA_TERMS more words than the query has.
+ECHO_OVERLAP = 0.7
+QUESTION_OVERLAP = 0.6
+QUESTION_EXTRA_TERMS = 8
+
+
+def _echoes(legs: list[list[dict]], query: str, kind: str | None) -> set[str]:
+    """Events of which a retrieved chunk echoes the query and holds no value of the kind asked."""
+    asked = set(terms(query))
+    found: set[str] = set()
+    if not asked:
+        return found
+    for rows in legs:
+        for row in rows:
+            if (row["event_id"] not in found and is_echo(row["text"], row["role"], query, asked)
+                    and not (kind and has_candidate(row["text"], kind, query))):
+                found.add(row["event_id"])
+    return found
+
+
+# A question: a question mark, or a question word first (after a "label:" such as "RECALL:").
+_ASKING = re.compile(r"\?|^\W*(?:\w+:\s*)?(?:what|which|when|where|who|whom|whose|why|how|is|are|was|"
+                     r"were|do|does|did|can|could|would|will|should|have|has)\b", re.I)
+
+
+_LABEL = re.compile(r"^\W*[A-Z]+:\s*")  # "RECALL: ...", the simulator's scripted asks
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"\w+", text[:2000].lower())
+
+
+def is_echo(text: str, role: str, query: str, asked: set[str] | None = None) -> bool:
+    """Whether a retrieved chunk repeats the query (`asked`: the query's `terms`) rather than
+    answering it: a near-duplicate of a question, or a user turn asking a matching question.
+    A near-duplicate of a keyword query that holds the value ("cabin wifi password
+    tangerine-otter-42") may be the statement of it, and is an echo only when it asks or is the
+    query word for word (an upper-case label such as "RECALL:" aside)."""
+    asked = set(terms(query)) if asked is None else asked
+    own = set(terms(_LABEL.sub("", text[:4000])))
+    if not own or not asked:
+        return False
+    if _words(_LABEL.sub("", text)) == _words(query):  # the query itself, resent
+        return True
+    asks = _ASKING.search(text[:2000]) is not None
+    shared = len(own & asked)
+    if ((asks or _ASKING.search(query)) and shared / len(asked) >= ECHO_OVERLAP
+            and not own - asked):
+        return True
+    return (role == "user" and asks and shared / len(asked) >= QUESTION_OVERLAP
+            and len(own) <= len(asked) + QUESTION_EXTRA_TERMS)
 
 
 def _margin(rows: list[dict], k: float) -> float:

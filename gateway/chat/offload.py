@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
+from collections.abc import Mapping
 from typing import Any, Callable, TypeVar
 
 from gateway.chat.request import ChatRequest, parse_chat_request
@@ -95,7 +96,7 @@ class OnLoop:
         return bounced
 
 
-async def build_view(views: ViewBuilder, chat: ChatRequest, ref: SessionRef, auth: str | None) -> View:
+async def build_view(views: ViewBuilder, chat: ChatRequest, ref: SessionRef, auth: Mapping[str, str] | None) -> View:
     """`views.build(...)`, on a worker thread when the request is big."""
     if not is_big(chat.raw):
         return await views.build(chat, ref, auth)

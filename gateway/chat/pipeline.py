@@ -118,7 +118,7 @@ class ChatPipeline:
             else:
                 self.metrics.upstream_error(up.status)
             response = web.Response(status=up.status, reason=up.reason, body=payload, headers=headers)
-        await self.recorder.answer(turn)  # durable before the client has it (issue 9 item 6: ~0.1 ms embedded)
+        await self.recorder.answer(turn)  # durable before the client has it (~0.1 ms embedded)
         await response.prepare(request)
         await response.write_eof()
         return response
@@ -156,7 +156,7 @@ class ChatPipeline:
                 if assembler.finish_reason is not None or message.get("content") or len(message) > 2:
                     turn.answer = message
                     turn.usage = clean_usage(assembler.usage)
-                await self.recorder.answer(turn)  # durable before the response ends (issue 9 item 6)
+                await self.recorder.answer(turn)  # durable before the response ends
                 await response.write_eof()
         except GatewayError as exc:
             if response is None or not response.prepared:

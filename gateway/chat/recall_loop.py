@@ -237,7 +237,7 @@ class RecallLoop:
         headers["x-palimpsest-recall-calls"] = str(turn.recall_calls)
         response = web.Response(status=status, reason=reason, body=payload, headers=headers)
         if record:
-            await self.recorder.answer(turn)  # durable before the client has it (issue 9 item 6)
+            await self.recorder.answer(turn)  # durable before the client has it
         await response.prepare(request)
         await response.write_eof()
         return response
@@ -304,7 +304,7 @@ class RecallLoop:
             if finish is not None or answer.get("content") or len(answer) > 2:  # [DONE] alone: only an answer with something in it
                 turn.answer = answer
             turn.usage = usage_total
-            await self.recorder.answer(turn)  # durable before the client sees the end of the answer (issue 9 item 6)
+            await self.recorder.answer(turn)  # durable before the client sees the end of the answer
             first = relay.first
             # A provider that ended with [DONE] but named no finish_reason gets none invented.
             tail = bytearray(encode_event({**first, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}]})

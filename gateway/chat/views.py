@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import orjson
@@ -111,7 +112,7 @@ class ViewBuilder:
             return self.settings.policy
         return resolve_policy(self.settings.policy, self.settings.policies, model, ref.session_id)
 
-    async def build(self, chat: ChatRequest, ref: SessionRef, auth: str | None = None):
+    async def build(self, chat: ChatRequest, ref: SessionRef, auth: Mapping[str, str] | None = None):
         policy = self.policy_for(chat.model, ref)
         window = await self.windows.window(chat.model, auth)
         budget = max(1, window - chat.max_output_tokens - policy.reserve_tokens)

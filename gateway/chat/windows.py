@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 
 import orjson
 
@@ -45,7 +46,9 @@ class Windows:
         self._fetched_at: float | None = None  # None: never asked (monotonic() may be small on a fresh host)
         self._lock = asyncio.Lock()
 
-    async def window(self, model: str, auth: str | None = None) -> int:
+    async def window(self, model: str, auth: Mapping[str, str] | None = None) -> int:
+        """The model's window; `auth` is the client's credential headers, for discovery when the
+        gateway has no upstream key of its own."""
         if model in self._configured:
             return self._configured[model]
         if model not in self._discovered and self._stale():
@@ -60,14 +63,13 @@ class Windows:
     def _stale(self) -> bool:
         return self._fetched_at is None or time.monotonic() - self._fetched_at > DISCOVERY_TTL_S
 
-    async def _discover(self, auth: str | None) -> None:
+    async def _discover(self, auth: Mapping[str, str] | None) -> None:
         async with self._lock:
             if not self._stale():
                 return
             self._fetched_at = time.monotonic()
             key = self._upstream.api_key
-            # auth: the client's credential headers (Authorization, api-key or x-api-key), or an Authorization value.
-            client = {"Authorization": auth} if isinstance(auth, str) else dict(auth or {})
+            client = dict(auth or {})  # the client's credential headers (Authorization, api-key or x-api-key)
             if getattr(self._upstream, "format", "openai") == "anthropic":
                 # Anthropic's models endpoint: x-api-key and a version header (max_input_tokens per model).
                 headers = {**({"x-api-key": key} if key else client), "anthropic-version": "2023-06-01"}

@@ -281,11 +281,10 @@ async def _recall(client, session: SyntheticSession, history: list[dict], receiv
     client_tokens = int(raw.headers.get("x-palimpsest-prompt-tokens-client", 0))
     upstream_tokens = int(raw.headers.get("x-palimpsest-prompt-tokens-upstream", 0))
     if client_tokens:
-        print(f"  the upstream saw {upstream_tokens:,} of the client's {client_tokens:,} prompt tokens;", end=" ", file=out)
+        print(f"  the upstream was sent {upstream_tokens:,} of the client's {client_tokens:,} prompt tokens.", file=out)
     else:
-        print("  the upstream saw the whole conversation;", end=" ", file=out)
-    print(f"{fact.answer} was {where}", file=out)
-    print(f"  the gateway answered {recall_calls} recall tool call(s) (session_search, session_load) from its ledger", file=out)
+        print("  the upstream was sent the whole conversation.", file=out)
+    print(f"  {_what_happened(fact.answer, where, _recall_names(turn), recall_calls)}", file=out)
     print(f"  answer: {_excerpt(answer, fact.answer)}", file=out)
     if fact.answer in answer:
         print(f"  recalled: {fact.answer}  (the exact value planted in round {fact.round + 1})", file=out)
@@ -297,16 +296,38 @@ async def _recall(client, session: SyntheticSession, history: list[dict], receiv
     return False
 
 
-VERBATIM = "still verbatim in a message it saw"
+VERBATIM, SUMMARISED, ABSENT = "verbatim", "summary", "absent"
 
 
 def _where_in_view(messages: list[dict], value: str) -> str:
+    """Where the first request of the turn carried the value: a raw message, the summary, nowhere."""
     for message in messages:
         content = message.get("content")
         text = content if isinstance(content, str) else str(content or "")
         if value in text:
-            return "kept in the checkpoint summary it saw" if "<session_summary>" in text else VERBATIM
-    return "not in any message it saw"
+            return SUMMARISED if "<session_summary>" in text else VERBATIM
+    return ABSENT
+
+
+def _recall_names(turn: list[dict]) -> list[str]:
+    """The recall tools the model called during the turn, in order (from the last request's
+    messages, where the gateway appended each call it resolved)."""
+    messages = turn[-1]["json"]["messages"] if turn else []
+    return [call["function"]["name"] for m in messages if m.get("role") == "assistant"
+            for call in m.get("tool_calls") or () if call["function"]["name"].startswith("session_")]
+
+
+def _what_happened(value: str, where: str, names: list[str], calls: int) -> str:
+    """One plain sentence: where the value was in what the model was sent, and what recall did."""
+    seen = {VERBATIM: f"{value} was still in the messages the model was sent",
+            SUMMARISED: f"{value} was in the summary the gateway put in place of the old turns",
+            ABSENT: f"{value} was not in anything the model was sent"}[where]
+    if not calls:
+        return f"{seen}; the model answered without a recall call."
+    tools = ", ".join(dict.fromkeys(names)) or "the recall tools"
+    searched = "searched the history for it" if where == ABSENT else "searched the history anyway"
+    return (f"{seen}; the model {searched}, and the gateway answered its {calls} recall "
+            f"call{'s' if calls != 1 else ''} ({tools}) from the ledger.")
 
 
 def _excerpt(text: str, needle: str, width: int = 90) -> str:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from gateway.chat.views import ViewBuilder
 from gateway.http.errors import GatewayError
-from gateway.ops.inspection import Inspector, list_sessions
+from gateway.ops.inspection import Inspector, ViewInputs, list_sessions
 from gateway.ops.readonly import ConfiguredWindows
 from gateway.settings import Settings
 from policies import Calibration, TokenCounter
@@ -33,13 +33,41 @@ from store.turns import TurnLog
 FLAGS = (("summarized", "S"), ("compacted", "C"), ("dropped", "D"))
 
 
+def view_inputs(args) -> ViewInputs:
+    """The client's system prompt and tools from --system (text, or @file) and --tools (a JSON
+    file): the ledger does not store them, and the exact view needs them."""
+    system, tools = getattr(args, "system", None), None
+    if system and system.startswith("@"):
+        try:
+            system = Path(system[1:]).read_text()
+        except OSError as exc:
+            raise ValueError(f"--system: cannot read {system[1:]}: {exc.strerror}") from None
+    if getattr(args, "tools", None):
+        try:
+            tools = json.loads(Path(args.tools).read_text())
+        except OSError as exc:
+            raise ValueError(f"--tools: cannot read {args.tools}: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--tools: {args.tools} is not JSON: {exc}") from None
+        if isinstance(tools, dict) and isinstance(tools.get("tools"), list):  # a saved request body
+            tools = tools["tools"]
+        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+            raise ValueError(f"--tools: {args.tools} must hold a JSON array of tools")
+    return ViewInputs(system=system or None, tools=tools)
+
+
 def run_inspect(args, settings: Settings) -> int:
+    try:
+        inputs = view_inputs(args)
+    except ValueError as exc:
+        print(f"palimpsest: {exc}", file=sys.stderr)
+        return 2
     root = Path(settings.store.path)
     if not root.is_dir():  # opening a store creates it: do not leave an empty one behind
         print(f"palimpsest: no store at {root} (set store.path or --config)", file=sys.stderr)
         return 1
     try:
-        return asyncio.run(_inspect(args, settings))
+        return asyncio.run(_inspect(args, settings, inputs))
     except GatewayError as exc:
         print(f"palimpsest: {exc.message}", file=sys.stderr)
         return 1
@@ -49,7 +77,7 @@ def run_inspect(args, settings: Settings) -> int:
         return 0
 
 
-async def _inspect(args, settings: Settings) -> int:
+async def _inspect(args, settings: Settings, inputs: ViewInputs) -> int:
     ledger, checkpoints = open_stores(settings.store)
     turns = TurnLog(settings.store.path, synchronous=settings.store.sync)
     try:
@@ -64,10 +92,10 @@ async def _inspect(args, settings: Settings) -> int:
         inspector = Inspector.wrap(ledger=ledger, checkpoints=checkpoints, views=views, settings=settings, turns=turns)
         record = inspector.find(args.session, args.tenant)
         if args.view:
-            view = await inspector.projected_view(record)
+            view = await inspector.projected_view(record, inputs=inputs)
             print(json.dumps(view, indent=2, ensure_ascii=False) if args.json else view_text(view))
             return 0
-        detail = await inspector.session_detail(record)
+        detail = await inspector.session_detail(record, inputs=inputs)
         print(json.dumps(detail, indent=2, ensure_ascii=False) if args.json else detail_text(detail))
         return 0
     finally:

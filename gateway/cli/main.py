@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
+import os
+import socket
 import sys
 
 from gateway.settings import ConfigError, Settings, load_settings
@@ -26,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     inspect.add_argument("session", nargs="?", help="Session key (tenant/hash) or session id; omit to list sessions.")
     inspect.add_argument("--tenant", help="Only this tenant's sessions.")
     inspect.add_argument("--view", action="store_true", help="Print the exact projected view of the head.")
+    inspect.add_argument("--system", metavar="TEXT|@FILE",
+                         help="The client's system prompt (not stored in the ledger), for the exact view.")
+    inspect.add_argument("--tools", metavar="FILE", help="A JSON file with the client's tools array, for the exact view.")
     inspect.add_argument("--json", action="store_true", help="Machine-readable output.")
     delete = sub.add_parser("delete", help="Delete a session: its ledger events, checkpoints and recall index.")
     delete.add_argument("--config", help="TOML settings file.")
@@ -37,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         "simulate", help="Run a SIMULATED upstream (scripted, no key, no network) to try serve against.",
         description="A SIMULATED OpenAI-compatible provider on loopback: answers are scripted, not "
         "generated. Strict like a real one (unknown models 404, wrong types 400). In another terminal: "
-        "PALIMPSEST_UPSTREAM__BASE_URL=http://127.0.0.1:8790/v1 palimpsest serve")
+        f"PALIMPSEST_UPSTREAM__BASE_URL=http://127.0.0.1:8790/v1 {command()} serve")
     from simulator.options import add_arguments
 
     add_arguments(simulate, fixtures=False)
@@ -66,13 +72,50 @@ def main(argv: list[str] | None = None) -> int:
     return 1
 
 
+def command() -> str:
+    """How the user ran `palimpsest` (`.venv/bin/palimpsest` after the quick start), so the
+    commands printed for them to type next work as printed."""
+    invoked = sys.argv[0] if sys.argv and os.path.basename(sys.argv[0]) == "palimpsest" else ""
+    return invoked or "palimpsest"
+
+
+class PortBusy(Exception):
+    """The address to listen on cannot be bound; the message is the one line to print."""
+
+
+def bind(host: str, port: int, override: str) -> socket.socket:
+    """A listening socket on host:port, bound before anything says "listening"; `override` tells
+    the user how to pick another port."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise PortBusy(f"palimpsest: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PortBusy(f"palimpsest: port {port} on {host} is already in use; {override}") from None
+        raise PortBusy(f"palimpsest: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
 def run_simulator(args: argparse.Namespace) -> int:
     """``palimpsest simulate``: the puppet in the foreground until Ctrl-C."""
     from simulator.puppet import SIMULATED_NOTICE, serve
 
-    url = f"http://{args.host}:{args.port}/v1"
-    serve(args, banner=f"{SIMULATED_NOTICE}\nlistening on {url}; point the gateway at it:\n"
-          f"  PALIMPSEST_UPSTREAM__BASE_URL={url} palimpsest serve\n"
+    try:
+        sock = bind(args.host, args.port, "pick another with --port N")
+    except PortBusy as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    port = sock.getsockname()[1]
+    url = f"http://{args.host}:{port}/v1"
+    serve(args, sock=sock, banner=f"{SIMULATED_NOTICE}\nlistening on {url}; point the gateway at it:\n"
+          f"  PALIMPSEST_UPSTREAM__BASE_URL={url} {command()} serve\n"
           "models: fake-8k, fake-32k, fake-128k, any fake-<N>k (window N thousand tokens)")
     return 0
 
@@ -162,23 +205,40 @@ def serve_forever(settings: Settings, *, host: str | None = None, port: int | No
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     except ImportError:
         pass
-    app = create_app(settings)
-    trim_while_serving(app, settings.server.malloc_trim_s)
     host = host or settings.server.host
     port = settings.server.port if port is None else port
+    try:
+        sock = bind(host, port, "pick another with --port N or PALIMPSEST_SERVER__PORT=N")
+    except PortBusy as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    app = create_app(settings)
+    trim_while_serving(app, settings.server.malloc_trim_s)
+    app.on_shutdown.append(_log_shutdown)
     log.info("palimpsest listening", extra={"fields": {"host": host, "port": port, "upstream": settings.upstream.base_url, "store": settings.store.path}})
     # run_app handles SIGINT/SIGTERM: stop accepting, wait for in-flight requests up to
     # shutdown_timeout, then run cleanup_ctx (which drains summary jobs).
     web.run_app(
         app,
-        host=host,
-        port=port,
+        sock=sock,
         shutdown_timeout=settings.server.shutdown_timeout_s,
         handler_cancellation=True,
         access_log=None,
         print=lambda *a: None,
     )
     return 0
+
+
+async def _log_shutdown(app) -> None:
+    """One line when shutdown begins (the listener is closed by then): what is left to drain."""
+    from gateway.keys import METRICS, SETTINGS, SUMMARIZER
+
+    registry = app[METRICS].registry
+    in_flight = int(registry.get_sample_value("palimpsest_requests_in_flight") or 0)
+    queued = int(registry.get_sample_value("palimpsest_summary_queue_depth") or 0)
+    log.info("palimpsest shutting down: draining in-flight requests and summary jobs", extra={"fields": {
+        "requests_in_flight": in_flight, "summary_jobs_queued": queued, "summary_jobs_idle": app[SUMMARIZER].idle,
+        "timeout_s": app[SETTINGS].server.shutdown_timeout_s}})
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """When summary jobs may call the summary model: per-session backoff, per-model breakers.
 
-A failed summary job must not be followed by a fresh one on every turn (issue 9: 136 calls for
-40 rounds). Two layers decide, both in memory and bounded:
+A failed summary job must not be followed by a fresh one on every turn (a failing summary model
+would be called on every round). Two layers decide, both in memory and bounded:
 
 - ``SessionBackoff``: after a failed job a session waits ``base * 2**(n-1)`` seconds (capped,
   with jitter so sessions that failed together do not retry together), and never less than an

@@ -17,7 +17,7 @@ log = logging.getLogger("palimpsest.indexer")
 
 # Events handed to the index per add: chunking, Arrow conversion and the known-id query of a
 # batch run on the event loop, so a 10,000-message catch-up goes in slices with the loop free
-# between them (issue 9: no stall over 1 s).
+# between them (no stall of the loop over 1 s).
 BATCH_EVENTS = 256
 
 

@@ -86,7 +86,7 @@ def _int(request: web.Request, name: str) -> int | None:
         number = int(value)
     except ValueError:
         raise BadRequest(f"Query parameter '{name}' has value '{value}'. Not an integer.", param=name) from None
-    if number < 0 or number >= 2**63:  # orjson writes 64-bit integers only (it was a 500)
+    if number < 0 or number >= 2**63:  # orjson writes 64-bit integers only: larger is a 400, not a failure to render
         raise BadRequest(f"Query parameter '{name}' has value '{value}'. Must be between 0 and 2**63 - 1.", param=name)
     return number
 

@@ -35,7 +35,8 @@ PREVIEW_CHARS = 200
 UNKNOWN_MODEL = "unknown"
 NOT_RECORDED = "not recorded"
 NOT_STORED = ("System prompts and tools are request instructions, not history: the ledger does not "
-              "store them. Pass the client's `system` (and `tools`) to get the exact view.")
+              "store them. For the exact view, give the client's: `palimpsest inspect SESSION --view "
+              "--system TEXT|@FILE --tools FILE`, or `system` and `tools` in the admin API's request.")
 STORED_FORM = "Messages are in the ledger's stored form: null and empty fields the SDKs add are dropped."
 
 

@@ -181,6 +181,21 @@ async def test_inspect_cli_renders_sessions_checkpoints_and_view(start_gateway, 
     assert view["checkpoint"] and any("<session_summary>" in (m.get("content") or "") for m in view["messages"][:2])
     status, from_api = await get(gw, f"/admin/sessions/{record.key}/view")
     assert view["messages"] == from_api["messages"]
+    # The advice the view gives about system prompt and tools can be followed with this CLI.
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]
+    (tmp_path / "tools.json").write_text(json.dumps(tools))
+    (tmp_path / "system.txt").write_text("You are the long agent.")
+    given = json.loads(await inspect("long", "--view", "--json", "--system", "@" + str(tmp_path / "system.txt"),
+                                     "--tools", str(tmp_path / "tools.json")))
+    assert given["messages"][0] == {"role": "system", "content": "You are the long agent."}
+    assert given["tools"][0] == tools[0]
+    assert any("<session_summary>" in (m.get("content") or "") for m in given["messages"][1:3])  # then the history
+    assert "--system" in view["system_prompt"] and given["system_prompt"] == "given"
+    bad = await asyncio.create_subprocess_exec(sys.executable, "-m", "gateway", "inspect", "long", "--view", "--tools",
+                                               str(tmp_path / "system.txt"), env=env,
+                                               stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    _, err = await bad.communicate()
+    assert bad.returncode == 2 and b"--tools" in err and b"not JSON" in err
     missing = await asyncio.create_subprocess_exec(sys.executable, "-m", "gateway", "inspect", "nope", env=env,
                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     _, err = await missing.communicate()

@@ -1,4 +1,4 @@
-"""Agent loops through the gateway: one user message, then dozens of tool calls (issue 8).
+"""Agent loops through the gateway: one user message, then dozens of tool calls.
 
 Every upstream request is checked for tool pairing and window fit; inside one long turn the
 old results must become placeholders and a summary may cover part of the turn, while the task

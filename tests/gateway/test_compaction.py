@@ -115,7 +115,6 @@ async def test_sync_path_waits_for_summary_and_reprojects(start_gateway, upstrea
     # Async jobs disabled: only the sync path can make checkpoints.
     gw = await start_gateway(policy={"summary_trigger_ratio": 0.3, "sync_compaction_ratio": 0.3, "sync_budget_s": 30})
     gw.app[SUMMARIZER].after_turn = lambda *a, **k: None
-    gw.app[SUMMARIZER]._call_seconds = 0.01
     history, raw = await drive(client(gw, "sync"), synthetic_session(seed=5, rounds=30), model="fake-32k")
     key = gw.app[LEDGER].sessions()[0].key
     cps = gw.app[CHECKPOINTS].list(key)

@@ -36,6 +36,9 @@ def test_demo_replays_a_long_session_and_recalls_an_early_fact():
     # The recalled value is the exact one planted early in the bundled session.
     fact = synthetic_session(seed=7, rounds=25).facts[0]
     assert f"recalled: {fact.answer}" in out
+    # What recall did, said once: where the value was and which calls the gateway answered.
+    (said,) = [line for line in out.splitlines() if f"{fact.answer} was" in line]
+    assert re.search(r"answered its 1 recall call \(session_search\) from the ledger\.$", said), said
     assert re.search(r"summary calls\s+[1-9]", out)
     assert re.search(r"client prompt tokens\s+[\d,]+", out) and re.search(r"upstream prompt tokens\s+[\d,]+", out)
     # The progress bar goes to stderr, finished; stdout stays a clean table.

@@ -25,11 +25,11 @@ async def test_any_method_query_and_body_preserved(gateway, upstream):
     payload = b"x" * 1000
     async with aiohttp.ClientSession() as s:
         for method in ("GET", "POST", "PUT", "PATCH", "DELETE"):
-            async with s.request(method, gateway.base_url + "/files/abc?limit=3&order=desc", data=payload if method != "GET" else None, headers={"X-Custom": "1"}) as r:
+            async with s.request(method, gateway.base_url + "/echo/files/abc?limit=3&order=desc", data=payload if method != "GET" else None, headers={"X-Custom": "1"}) as r:
                 assert r.status == 200
                 echo = await r.json()
             assert echo["method"] == method
-            assert echo["path"] == "/v1/files/abc"
+            assert echo["path"] == "/v1/echo/files/abc"
             assert echo["query"] == {"limit": "3", "order": "desc"}
             assert echo["headers"]["x-custom"] == "1"
             if method != "GET":
@@ -44,7 +44,7 @@ async def test_large_upload_streams_through(gateway):
             yield blob[i : i + (1 << 20)]
 
     async with aiohttp.ClientSession() as s:
-        async with s.post(gateway.base_url + "/files", data=chunks()) as r:
+        async with s.post(gateway.base_url + "/echo/files", data=chunks()) as r:
             assert r.status == 200
             echo = await r.json()
     assert echo["body_len"] == len(blob)

@@ -1,4 +1,4 @@
-"""A real Prometheus scrapes a running gateway under a replayed workload (issue 5, item 2).
+"""A real Prometheus scrapes a running gateway under a replayed workload.
 
 The gateway runs in this process on a loopback port in front of the puppet; Prometheus (the
 Debian package's binary) runs as a child process scraping it every second. After a long

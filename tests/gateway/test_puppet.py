@@ -466,10 +466,10 @@ async def test_embeddings_are_deterministic_unit_vectors(client, sync_client):
     assert all(math.isclose(a, b, rel_tol=1e-5) for a, b in zip(vectors[0], again.data[0].embedding))
 
 
-async def test_other_routes_echo_and_large_uploads_stream(puppet):
+async def test_echo_routes_echo_and_large_uploads_stream(puppet):
     payload = bytes(range(256)) * (6 * 4096)  # 6 MiB
     async with aiohttp.ClientSession() as http:
-        async with http.put(f"{puppet[1]}/files/abc?purpose=batch", data=payload,
+        async with http.put(f"{puppet[1]}/echo/files/abc?purpose=batch", data=payload,
                             headers={"X-Custom": "1"}) as response:
             echoed = await response.json()
         async with http.get(f"{puppet[1]}/echo/gzip", auto_decompress=False) as response:
@@ -479,7 +479,7 @@ async def test_other_routes_echo_and_large_uploads_stream(puppet):
         async with http.get(f"{puppet[1]}/echo/stream?n=4") as response:
             async for line in response.content:
                 arrivals.append((time.monotonic(), json.loads(line)))
-    assert echoed["method"] == "PUT" and echoed["path"] == "/v1/files/abc"
+    assert echoed["method"] == "PUT" and echoed["path"] == "/v1/echo/files/abc"
     assert echoed["query"] == {"purpose": "batch"} and echoed["headers"]["x-custom"] == "1"
     assert echoed["body_len"] == len(payload)
     assert echoed["body_sha256"] == hashlib.sha256(payload).hexdigest()
@@ -609,3 +609,14 @@ async def test_summary_follows_the_word_limit_the_instruction_names(client, limi
         extra_headers={"x-palimpsest-purpose": "summary"})
     words = len(response.choices[0].message.content.split())
     assert limit * 0.7 <= words <= limit  # fills the limit it was given, not a fixed 700
+
+
+async def test_a_route_it_does_not_serve_is_a_404_in_the_envelope(puppet, client):
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{puppet[1]}/responses", json={"model": "fake-32k", "input": "hi"}) as response:
+            assert response.status == 404
+            error = (await response.json())["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "not_found"
+    assert error["message"].startswith("Invalid URL (POST /v1/responses)")
+    with pytest.raises(openai.NotFoundError):  # what a client then raises: not a parse error of an echo
+        await client.responses.create(model="fake-32k", input="hi")

@@ -1,4 +1,4 @@
-"""A configured /v1/embeddings endpoint drives recall end to end (issue 10, item 5).
+"""A configured /v1/embeddings endpoint drives recall end to end.
 
 The simulated upstream serves /v1/embeddings and records every request; here its vectors are
 made *meaningful* by one middleware: a toy concept model in which "uvicorn" and "ASGI",

@@ -1,4 +1,4 @@
-"""Recall reads only the request's own conversation (issue 9, item 5).
+"""Recall reads only the request's own conversation.
 
 Two people behind one key who both open with "Hi" share a session under the fingerprint
 fallback: their conversations are two branches of one session. Search and load must only ever

@@ -105,6 +105,8 @@ async def test_serve_command_runs_and_stops_on_sigterm(upstream, tmp_path):
         log = (await proc.stderr.read()).decode()
         assert "hi from serve" not in log  # message text never reaches the logs
         assert "palimpsest listening" in log
+        shutdown = [line for line in log.splitlines() if "palimpsest shutting down" in line]
+        assert len(shutdown) == 1 and "requests_in_flight" in shutdown[0] and "summary_jobs_queued" in shutdown[0]
     finally:
         if proc.returncode is None:
             proc.kill()

@@ -69,3 +69,15 @@ async def test_configured_window_wins_without_asking():
     upstream = FakeUpstream()
     assert await Windows({"local-model": 4096}, upstream).window("local-model") == 4096
     assert upstream.calls == []
+
+
+async def test_discovery_sends_the_clients_credential_headers_without_an_operator_key(start_gateway, upstream):
+    import openai
+
+    gw = await start_gateway()  # no upstream.api_key: the client's credential goes upstream
+    client = openai.AsyncOpenAI(base_url=gw.base_url, api_key="sk-client-own", max_retries=0,
+                                default_headers={"X-Session-Id": "discover", "api-key": "azure-style"})
+    await client.chat.completions.create(model="fake-32k", messages=[{"role": "user", "content": "hi"}])
+    (discovery,) = [r for r in upstream.received if r["path"] == "/v1/models"]
+    assert discovery["headers"]["authorization"] == "Bearer sk-client-own"
+    assert discovery["headers"]["api-key"] == "azure-style"

@@ -1,5 +1,5 @@
-"""What the gateway keeps per session stays bounded however many sessions come and go (issue 9,
-load: RSS growth after warm-up <= 10%). Sizes are asserted after many sessions, never timings."""
+"""What the gateway keeps per session stays bounded however many sessions come and go (the load
+benchmark's RSS growth after warm-up stays <= 10%). Sizes are asserted after many sessions, never timings."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Background indexing batches a busy session's turns into one add (each add is a LanceDB
-version and data file held in native memory until the next optimize; issue 9, load)."""
+version and data file held in native memory until the next optimize)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The recall index optimises at most MAINTAIN_CONCURRENTLY sessions at once (issue 9, load).
+"""The recall index optimises at most MAINTAIN_CONCURRENTLY sessions at once.
 
 Each optimize() rewrites a session's fragments and merges its FTS index in native memory. Under
 bench/load.py all 20 sessions crossed the threshold within seconds and optimised together, over

@@ -1,4 +1,4 @@
-"""Proactive recall cannot pile up searches (issue 9, load).
+"""Proactive recall cannot pile up searches.
 
 A search that outlives its request (recall.auto_timeout_s) finishes in the background. Under
 bench/load.py every search was late, each request of a busy session started one more, and

@@ -15,9 +15,7 @@ import pytest
 
 from gateway.keys import LEDGER
 from policies.rounds import tool_pair_problems
-from tests.robustness.test_new_user_rig import (  # noqa: F401 - fixtures
-    add_call_deltas, answer, client, scripted, scripted_gateway,
-)
+from tests.robustness.scripted import add_call_deltas, answer, client
 
 STEPS = 22
 TOOLS = [{"type": "function", "function": {"name": "fetch", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]

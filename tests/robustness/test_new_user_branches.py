@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import orjson
 
-from tests.robustness.test_new_user_rig import (  # noqa: F401 - fixtures
-    client, scripted, scripted_gateway,
-)
+from tests.robustness.scripted import client
 
 FILLER = "lorem ipsum dolor sit amet " * 40
 

@@ -18,9 +18,7 @@ import pytest
 
 from gateway.keys import LEDGER
 from store.canonical import event_id
-from tests.robustness.test_new_user_rig import (  # noqa: F401 - fixtures
-    Reply, add_call_deltas, answer, chunk, client, scripted, scripted_gateway,
-)
+from tests.robustness.scripted import Reply, add_call_deltas, answer, chunk, client
 
 FILLER = "lorem ipsum dolor sit amet " * 100
 LONG = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}: {FILLER}"} for i in range(24)]
@@ -154,7 +152,7 @@ async def test_parallel_client_calls_split_across_many_chunks_arrive_whole(scrip
     gw = await scripted_gateway()
     calls = [{"id": f"call_{k}", "type": "function", "function": {"name": "fetch", "arguments": json.dumps({"q": "x" * 50, "k": k})}}
              for k in range(4)]
-    from tests.robustness.test_new_user_rig import stream_of
+    from tests.robustness.scripted import stream_of
     scripted.script = lambda body: stream_of({"content": None, "tool_calls": calls}, finish="tool_calls", pieces=25)
     tools = [{"type": "function", "function": {"name": "fetch", "parameters": {"type": "object", "properties": {}}}}]
     sdk = client(gw)

@@ -14,9 +14,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.robustness.test_new_user_rig import (  # noqa: F401 - fixtures
-    Reply, answer, client, scripted, scripted_gateway,
-)
+from tests.robustness.scripted import Reply, answer, client
 
 FILLER = "lorem ipsum dolor sit amet " * 100
 LONG = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}: {FILLER}"} for i in range(24)]

@@ -3,8 +3,8 @@
 Through the plain relay the client gets the provider's bytes as they came (its SDK makes of
 them what it would without the gateway). The recall loop rewrites the answer, so it must read
 it without falling over: a chunk it cannot read is left out and the stream goes on to its end
-(it cut the connection: the SDK raised APIConnectionError), and a completion of the wrong shape
-is relayed as it came (it was a 500 "the gateway failed").
+(the connection is never cut, which the SDK would raise as APIConnectionError), and a completion
+of the wrong shape is relayed as it came (never a 500 "the gateway failed").
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from tests.robustness.test_new_user_rig import (  # noqa: F401 - fixtures
-    Reply, chunk, client, scripted, scripted_gateway,
-)
+from tests.robustness.scripted import Reply, chunk, client
 
 FILLER = "lorem ipsum dolor sit amet " * 100
 LONG = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}: {FILLER}"} for i in range(24)]

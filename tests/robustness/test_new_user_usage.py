@@ -14,9 +14,7 @@ import pytest
 from aiohttp import ClientSession
 
 from gateway.chat.turn import clean_usage
-from tests.robustness.test_new_user_rig import (  # noqa: F401 - fixtures
-    answer, client, scripted, scripted_gateway,
-)
+from tests.robustness.scripted import answer, client
 
 FILLER = "lorem ipsum dolor sit amet " * 100
 LONG = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}: {FILLER}"} for i in range(24)]

@@ -1,7 +1,7 @@
 """The embedded checkpoint store's layout: one row per checkpoint, and the previous layout still reads.
 
-Until issue 9's load work, `DiskCheckpoints` kept a session's checkpoints as one diskcache value,
-``session_key -> tuple of dicts``, rewritten whole on every add. Sizes, never timings.
+The previous layout kept a session's checkpoints as one diskcache value, ``session_key -> tuple
+of dicts``, rewritten whole on every add; stores written that way still read. Sizes, never timings.
 """
 
 from __future__ import annotations

@@ -115,12 +115,15 @@ async def test_neighbour_borrowing_lifts_a_retrieved_answer_to_a_matching_questi
     ] + noise(80, start=2)
     await index.add("s", events)
 
-    plain = await index.search("s", "hiking trail recommended near Lake Bled", limit=5, ranking=Ranking(neighbour=0.0))
-    lifted = await index.search("s", "hiking trail recommended near Lake Bled", limit=5, ranking=Ranking(neighbour=0.5))
+    # The question turn is an echo of the query, demoted by default: off here, to see borrowing alone.
+    plain = await index.search("s", "hiking trail recommended near Lake Bled", limit=5, ranking=Ranking(neighbour=0.0, echo=1.0))
+    lifted = await index.search("s", "hiking trail recommended near Lake Bled", limit=5, ranking=Ranking(neighbour=0.5, echo=1.0))
 
     score = lambda hits, eid: next((h.score for h in hits if h.event_id == eid), 0.0)  # noqa: E731
     assert score(lifted, "a") > score(plain, "a")
     assert [h.event_id for h in lifted][:2] == ["q", "a"]
+    demoted = await index.search("s", "hiking trail recommended near Lake Bled", limit=5)
+    assert [h.event_id for h in demoted][:2] == ["a", "q"]  # the answer above the question that asked for it
 
 
 async def test_add_is_idempotent(index):

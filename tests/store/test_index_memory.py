@@ -1,4 +1,4 @@
-"""What keeps the recall index's working memory bounded under load (issue 9): scoped searches
+"""What keeps the recall index's working memory bounded under load: scoped searches
 prefilter instead of re-querying deeper and deeper, and embeddings go in bounded batches."""
 
 import asyncio

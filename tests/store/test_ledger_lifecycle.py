@@ -70,13 +70,21 @@ def write_old_store(root) -> SessionRef:
     return ref
 
 
+def on_disk_version(root) -> int:
+    """The schema version the database file says it has, read by a connection of its own."""
+    db = sqlite3.connect(str(root / "ledger.sqlite3"))
+    try:
+        return db.execute("PRAGMA user_version").fetchone()[0]
+    finally:
+        db.close()
+
+
 def test_store_of_the_previous_version_opens_and_keeps_working(tmp_path):
     ref = write_old_store(tmp_path / "data")
     ledger = Ledger(tmp_path / "data")
     try:
         assert ledger.migrated_from == 1
-        (version,) = ledger._db.execute("PRAGMA user_version").fetchone()
-        assert version == SQLITE_VERSION == 2
+        assert on_disk_version(tmp_path / "data") == SQLITE_VERSION == 2
         record = ledger.session(ref.key)
         assert (record.events, record.requests, record.model) == (3, 2, "m")
         # Resending the old conversation finds every old event: nothing is appended twice.
@@ -96,7 +104,7 @@ def test_store_of_the_previous_version_opens_and_keeps_working(tmp_path):
 def test_fresh_store_starts_at_the_newest_version(tmp_path):
     ledger = Ledger(tmp_path)
     assert ledger.migrated_from == 0
-    assert ledger._db.execute("PRAGMA user_version").fetchone()[0] == SQLITE_VERSION
+    assert on_disk_version(tmp_path) == SQLITE_VERSION
     ledger.close()
 
 
@@ -153,7 +161,7 @@ async def test_retention_sweep_deletes_only_sessions_idle_longer_than_the_ttl(tm
 
 
 def test_answer_is_committed_when_append_returns(tmp_path):
-    """Issue 9 item 6: an answer reaches the database before `append` returns (no 0.5 s window):
+    """An answer reaches the database before `append` returns (no window of buffered writes):
     another connection sees it without any flush."""
     ledger = Ledger(tmp_path)
     ref = SessionRef("t", "s")

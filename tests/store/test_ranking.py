@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from store.ranking import Ranking, asked_role, fuse
+from store.ranking import Ranking, asked_role, fuse, is_echo
 
 OFF = Ranking(role_prior=0.0, exchange=0.0)
 
@@ -139,3 +139,38 @@ def test_a_term_on_most_lines_of_a_long_output_is_structure_not_a_clue():
         _row("t1", "tool", "a0", rows, _score=2.4),
     ]
     assert fuse([chat], "What is the staging deploy id?", 2, Ranking())[0].event_id == "u1"
+
+
+def _asked_twice() -> list[list[dict]]:
+    """Both legs for the tool output that states the deploy id and the earlier ask of the same
+    question, which matches the question's words and meaning best."""
+    answer = "INFO staging deploy finished\nNOTE the staging deploy id is DEP-77123"
+    ask = "RECALL: What is the staging deploy id?"
+    text_leg = [_row("u9", "user", "a8", ask, _score=9.0), _row("t1", "tool", "a0", answer, _score=4.0)]
+    vector_leg = [_row("u9", "user", "a8", ask, _distance=0.05), _row("t1", "tool", "a0", answer, _distance=0.45)]
+    return [text_leg, vector_leg]
+
+
+def test_a_repeated_question_ranks_the_answer_above_the_earlier_ask():
+    query = "What is the staging deploy id?"
+    assert [hit.event_id for hit in fuse(_asked_twice(), query, 2, Ranking())] == ["t1", "u9"]  # demoted, not dropped
+    assert fuse(_asked_twice(), query, 2, Ranking(echo=1.0))[0].event_id == "u9"
+
+
+@pytest.mark.parametrize(
+    ("text", "role", "query", "echo"),
+    [
+        ("RECALL: What is the staging deploy id?", "user", "What is the staging deploy id?", True),
+        ("what's the staging deploy id again?", "user", "What is the staging deploy id?", True),
+        ("Quick one: what is the staging deploy id for the eu cluster?", "user", "What is the staging deploy id?", True),
+        ("cabin wifi password tangerine-otter-42", "user", "cabin wifi password tangerine-otter-42", True),
+        # Statements of the answer are not echoes, even when they repeat the query's words.
+        ("The wifi password at the cabin is tangerine-otter-42.", "user", "cabin wifi password tangerine-otter-42", False),
+        ("My passport number ends in 7731 and it expires in March 2027.", "user", "passport 7731 expires March 2027", False),
+        ("The staging deploy id is DEP-77123.", "assistant", "What is the staging deploy id?", False),
+        # An assistant asking back is not the user's question.
+        ("Which staging deploy id do you mean, the old one or the new one?", "assistant", "What is the staging deploy id?", False),
+    ],
+)
+def test_what_counts_as_an_echo_of_the_query(text, role, query, echo):
+    assert is_echo(text, role, query) is echo

@@ -7,7 +7,7 @@ received as well as on what the openai SDK gave the client. Summary requests
 (``x-palimpsest-purpose: summary``) get a well-formed summary from the simulator unless the
 test sets ``Scripted.summary``.
 
-This module holds no tests; its fixtures are imported by the probe files.
+The fixtures that start it (`scripted`, `scripted_gateway`) live in tests/robustness/conftest.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from typing import Any, Callable
 
 import openai
 import orjson
-import pytest
 from aiohttp import web
 
 from simulator.summary import render_summary
@@ -128,34 +127,10 @@ class Scripted:
         return response
 
 
-@pytest.fixture
-async def scripted():
-    fake = Scripted()
-    app = web.Application(client_max_size=64 << 20)
-    app.router.add_post("/v1/chat/completions", fake.handle)
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    fake.base_url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
-    yield fake
+async def close_clients() -> None:
+    """Close the SDK clients `client` made (the `scripted` fixture does it when its upstream stops)."""
     while _CLIENTS:
         await _CLIENTS.pop().close()
-    await runner.cleanup()
-
-
-@pytest.fixture
-async def scripted_gateway(start_gateway, scripted):
-    """Factory: a gateway in front of the scripted upstream (settings sections as overrides)."""
-
-    async def start(**sections: Any):
-        sections.setdefault("models", {"m-8k": {"context_window": 8_000}, "m-32k": {"context_window": 32_000},
-                                       "m-128k": {"context_window": 128_000}})
-        sections["upstream"] = {"base_url": scripted.base_url, **sections.get("upstream", {})}
-        sections.setdefault("log", {"level": "ERROR"})
-        return await start_gateway(**sections)
-
-    return start
 
 
 def add_call_deltas(calls: dict, deltas) -> None:
