@@ -35,8 +35,9 @@ class ServerSettings(_Section):
     admin_token: SecretStr = Field(SecretStr(""), description="Bearer token for /admin; empty turns the admin API off.")
     client_keys: Literal["auto", "required", "off"] = Field(
         "auto",
-        description="Must /v1 clients present a key listed under [tenants] (401 otherwise)? 'auto': when upstream.api_key "
-        "is set, so the gateway never lends the operator's key to anyone; 'required': always; 'off': never.",
+        description="Must /v1 clients present a key listed under [tenants] (401 otherwise)? 'auto': when any operator key is "
+        "set (upstream.api_key, policy.summary_api_key, recall.embeddings_api_key, a tenant's upstream_key), so the gateway "
+        "never lends the operator's keys to anyone; 'required': always; 'off': never.",
     )
     max_body_mb: float = Field(32.0, gt=0, description="Largest chat request body accepted (413 above).")
     body_read_timeout_s: float = Field(
@@ -53,6 +54,12 @@ class ServerSettings(_Section):
         "8 per core, whose free memory grew the heap under load."
     )
     malloc_trim_s: float = Field(60.0, ge=0, description="Seconds between returning free heap pages to the kernel (glibc malloc_trim); 0 = never.")
+    passthrough_routes: list[str] = Field(
+        default_factory=list,
+        description="Pass-through routes beyond the stateless ones (models, embeddings, moderations) that may go upstream "
+        "with upstream.api_key, as 'METHOD /v1/glob' or '/v1/glob' (any method); others get 403. Stateful routes "
+        "(files, stored completions, batches) on the operator's account are shared by every tenant.",
+    )
 
 
 class UpstreamSettings(_Section):
@@ -161,6 +168,12 @@ class SummarySettings(_Section):
     )
 
 
+class TenantSettings(_Section):
+    key: SecretStr = Field(..., description="The tenant's client API key.")
+    upstream_key: SecretStr = Field(SecretStr(""), description="Provider key used for this tenant instead of upstream.api_key.")
+    max_stored_mb: float | None = Field(None, gt=0, description="Ledger storage quota for this tenant (default store.max_stored_mb).")
+
+
 class LogSettings(_Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     json_format: bool = Field(False, alias="json", description="One JSON object per line.")
@@ -179,7 +192,9 @@ class Settings(BaseSettings):
     store: StoreSettings = StoreSettings()
     session: SessionSettings = SessionSettings()
     models: dict[str, ModelSettings] = Field(default_factory=dict)
-    tenants: dict[str, SecretStr] = Field(default_factory=dict, description="Named tenants: name = client API key.")
+    tenants: dict[str, SecretStr | TenantSettings] = Field(
+        default_factory=dict, description="Named tenants: name = client API key, or a table with key, upstream_key, max_stored_mb."
+    )
     policy: Policy = Policy()
     policies: list[PolicyOverride] = Field(default_factory=list)
     summary: SummarySettings = SummarySettings()
@@ -200,6 +215,10 @@ class Settings(BaseSettings):
         if toml_file is not None:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
         return tuple(sources)
+
+    def tenant_table(self) -> dict[str, TenantSettings]:
+        """Every named tenant in the table form (``name = "key"`` is ``key`` alone)."""
+        return {name: t if isinstance(t, TenantSettings) else TenantSettings(key=t) for name, t in self.tenants.items()}
 
     def context_window(self, model: str) -> int | None:
         found = self.models.get(model)
@@ -303,6 +322,11 @@ def example_toml() -> str:
         "# of a hash of the key. Keys are compared in constant time and never logged.",
         "# [tenants]",
         '# acme = "sk-acme-..."',
+        "# A tenant of its own provider account, with a storage quota:",
+        "# [tenants.beta]",
+        '# key = "pk-beta-..."',
+        '# upstream_key = "sk-provider-beta-..."',
+        "# max_stored_mb = 500",
         "",
         "# Policy overrides, applied in order to requests whose model and/or session id match the",
         "# globs (later wins). Any [policy] key may be set.",

@@ -31,6 +31,11 @@ HOP_BY_HOP = frozenset(
         "TE", "Trailer", "Trailers", "Transfer-Encoding", "Upgrade", "Host", "Content-Length",
     )
 )
+# The client's account selectors and browser state: meaningless, or worse, on the operator's
+# account, so they are dropped whenever the operator's key goes upstream in place of the client's.
+OPERATOR_DROPS = frozenset({"openai-organization", "openai-project", "cookie"})
+# Every header that can carry a credential; replaced whenever the gateway supplies the key.
+CREDENTIALS = ("Authorization", "api-key", "x-api-key")
 # Set by aiohttp's server on every response; copying the upstream's as well would duplicate them.
 SERVER_SET = frozenset({"server", "date"})
 
@@ -101,25 +106,34 @@ class Upstream:
         url = self.url(raw_path, raw_query)
         return URL(url, encoded=True)
 
-    def request_headers(self, incoming: CIMultiDictProxy[str], drop: frozenset[str] = frozenset()) -> CIMultiDict[str]:
+    def request_headers(self, incoming: CIMultiDictProxy[str], drop: frozenset[str] = frozenset(), *,
+                        tenant_key: str = "") -> CIMultiDict[str]:
+        """The client's headers for the upstream, with the tenant's own key (`tenant_key`), else
+        the operator's, else the client's credential as it came."""
+        if not tenant_key and self.api_key:
+            drop = drop | OPERATOR_DROPS
         out: CIMultiDict[str] = CIMultiDict()
         for name, value in incoming.items():
             lname = name.lower()
             if lname in HOP_BY_HOP or lname in drop or lname == "content-encoding":
                 continue  # content-encoding: aiohttp hands the gateway the request body decoded
             out.add(name, value)
-        if self.api_key:
-            out.popall("Authorization", None)
-            out.popall("api-key", None)
-            out["Authorization"] = f"Bearer {self.api_key}"
+        key = tenant_key or self.api_key
+        if key:
+            for name in CREDENTIALS:
+                out.popall(name, None)
+            out["Authorization"] = f"Bearer {key}"
         return out
+
+    def uses_operator_key(self, tenant_key: str = "") -> bool:
+        return bool(self.api_key) and not tenant_key
 
     def reader(self, response: aiohttp.ClientResponse) -> BodyReader:
         return BodyReader(response, self.first_byte_timeout, self.idle_timeout)
 
-    def post_chat(self, incoming: CIMultiDictProxy[str], body: bytes, *, drop: frozenset[str]):
+    def post_chat(self, incoming: CIMultiDictProxy[str], body: bytes, *, drop: frozenset[str], tenant_key: str = ""):
         """Open a chat completion call carrying the client's headers (minus `drop`) and `body`."""
-        headers = self.request_headers(incoming, drop=drop)
+        headers = self.request_headers(incoming, drop=drop, tenant_key=tenant_key)
         headers["Content-Type"] = "application/json"
         headers["Content-Length"] = str(len(body))
         return self.request(self.api, "POST", self.url("/v1/chat/completions"), headers=headers, data=body)
