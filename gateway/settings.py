@@ -39,7 +39,12 @@ class ServerSettings(_Section):
         "set (upstream.api_key, policy.summary_api_key, recall.embeddings_api_key, a tenant's upstream_key), so the gateway "
         "never lends the operator's keys to anyone; 'required': always; 'off': never.",
     )
-    max_body_mb: float = Field(32.0, gt=0, description="Largest chat request body accepted (413 above).")
+    max_body_mb: float = Field(
+        32.0, gt=0, description="Largest request body accepted, decoded (413 above); pass-through uploads are unbounded unless compressed."
+    )
+    max_decompression_ratio: float = Field(
+        200.0, gt=1, description="Largest decoded-to-compressed size ratio of a request body past its first 4 MiB (413 above)."
+    )
     body_read_timeout_s: float = Field(
         30.0, gt=0,
         description="Longest time a client may take to send a request body the gateway reads whole (408 after, "

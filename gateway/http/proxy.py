@@ -69,7 +69,9 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     headers = upstream.request_headers(request.headers, tenant_key=tenant_key)
     body = None
     if request.body_exists:
-        body = StreamedBody(request.content, request.app[SETTINGS].server.body_read_timeout_s)
+        compressed = "Content-Encoding" in request.headers
+        limits = request.body_limits() if compressed else None  # a GatewayRequest (gateway.http.edge)
+        body = StreamedBody(request.content, request.app[SETTINGS].server.body_read_timeout_s, limits)
         if request.content_length is not None and "Content-Encoding" not in request.headers:
             headers["Content-Length"] = str(request.content_length)  # decoded bodies go chunked
     status = 502
@@ -99,8 +101,8 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
             await response.write_eof()
             return response
     except GatewayError as exc:
-        if body is not None and body.timed_out:
-            exc = body.error()  # the upload stalled: the client's fault, not the upstream's
+        if body is not None and body.failure is not None:
+            exc = body.failure  # the upload stalled or grew too large: the client's fault, not the upstream's
         status = exc.status
         if response is None or not response.prepared:
             raise exc from None
