@@ -166,6 +166,16 @@ class SummarySettings(_Section):
     breaker_cooldown_s: float = Field(
         60.0, gt=0, description="How long an open breaker blocks calls before one probe; doubles after a failed probe."
     )
+    tenant_tokens_per_hour: int = Field(
+        1_000_000, ge=0,
+        description="Summary tokens (prompt + completion) the gateway may spend per tenant and hour, refilled "
+        "continuously; past it a job writes deterministic state instead of calling the model (0 = unlimited).",
+    )
+    max_fold_tokens: int = Field(
+        100_000, ge=1000,
+        description="History tokens one summary job folds with the model; an older remainder of a bigger delta "
+        "becomes deterministic state (its exact values and notes, no model call).",
+    )
     deterministic_after: int = Field(
         2, ge=1,
         description="Rejected (off-format) summaries in a row after which a session's jobs write a deterministic "

@@ -20,6 +20,7 @@ import orjson
 
 from gateway.http.upstream import Upstream
 from gateway.jobs.backoff import Breaker, SessionBackoff, retry_after_seconds
+from gateway.jobs.budget import TenantBudget
 from policies import (
     Policy,
     TokenCounter,
@@ -38,6 +39,9 @@ log = logging.getLogger("palimpsest.summary")
 SUMMARY_PROMPT_ROOM = 4000
 VALIDATED_VALUES = 12
 CREDENTIAL_HEADERS = ("authorization", "api-key")
+# Statuses a provider gives for what one request carries (its content or size), not for the
+# model's health: they fail that session's job, never every tenant's (the shared breaker).
+CONTENT_STATUSES = frozenset({400, 413, 422})
 
 Auth = Mapping[str, str] | str | None
 
@@ -57,6 +61,13 @@ class SummaryFailed(Exception):
         super().__init__(reason)
         self.reason = reason
         self.retry_after = retry_after
+
+
+class BudgetExceeded(SummaryFailed):
+    """The tenant's token budget cannot cover the call (``gateway.jobs.budget``): not made."""
+
+    def __init__(self) -> None:
+        super().__init__("tenant_budget")
 
 
 class SummaryRejected(SummaryFailed):
@@ -84,8 +95,9 @@ class SummaryJob:
 
 class SummaryModel:
     def __init__(self, *, upstream: Upstream, windows, counter: TokenCounter, metrics, backoff: SessionBackoff,
-                 outcome: Callable[..., None]) -> None:
+                 outcome: Callable[..., None], budget: TenantBudget | None = None) -> None:
         self.upstream = upstream
+        self.budget = budget or TenantBudget(0)
         self.windows = windows
         self.counter = counter
         self.metrics = metrics
@@ -176,13 +188,27 @@ class SummaryModel:
         elif job.auth:
             headers.update(credential_headers(job.auth))
         body = {"model": policy.summary_model or job.model, "messages": messages, "max_tokens": policy.summary_max_words * 2, "temperature": 0}
+        reserved = self.counter.count_messages(messages) + body["max_tokens"]
+        if not self.budget.reserve(job.ref.tenant, reserved):
+            raise BudgetExceeded()
+        spent = reserved  # a call that ends without usage is charged its estimate
+        try:
+            text, used = await self._send(job, base, headers, body)
+            spent = used or reserved
+            return text
+        finally:
+            self.budget.settle(job.ref.tenant, reserved, spent)
+
+    async def _send(self, job: SummaryJob, base: str, headers: dict, body: dict) -> tuple[str, int]:
+        """The summary text and the tokens the upstream reported (prompt + completion)."""
         started = time.perf_counter()
         try:
             async with self.upstream.request(self.upstream.api, "POST", base + "/chat/completions", data=orjson.dumps(body), headers=headers) as resp:
                 payload = await resp.read()
                 if resp.status != 200:
                     wait = retry_after_seconds(resp.headers) if resp.status in (429, 503) else None
-                    self.outcome(job, False, "rate_limited" if resp.status == 429 else "error", retry_after=wait)
+                    cause = "content" if resp.status in CONTENT_STATUSES else "unavailable"
+                    self.outcome(job, False, "rate_limited" if resp.status == 429 else "error", retry_after=wait, cause=cause)
                     raise SummaryFailed(f"upstream_{resp.status}", wait)
         except SummaryFailed:
             raise
@@ -204,7 +230,7 @@ class SummaryModel:
         self.metrics.summary_output_tokens.inc(completion)
         self.metrics.summary_cache_read_tokens.inc((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
         self.metrics.tokens_spent_overhead.labels("summary").inc(prompt + completion)
-        return text
+        return text, prompt + completion
 
 
 def _first_failure(group: BaseExceptionGroup) -> BaseException:
