@@ -128,8 +128,8 @@ class RecallSettings(_Section):
         600, ge=0, le=8000, description="Proactive recall: tokens of hidden history, found with a fresh user message, added to the view (0 = off)."
     )
     auto_placement: Literal["system", "user"] = Field(
-        "system", description="Where the proactive recall block goes: 'system', a message of its own before the newest user "
-        "message; 'user', the start of that message (for chat templates that allow a system message only first)."
+        "user", description="Where the proactive recall block goes: 'user', the start of the newest user message (recalled "
+        "text never carries the system role's authority); 'system', a message of its own before it."
     )
     auto_timeout_s: float = Field(
         5.0, gt=0, description="Longest a request waits for its proactive recall search; past it the request goes on "
