@@ -179,7 +179,7 @@ async def lme_case(bench: Bench, client: Client, case: dict, *, stream: bool, st
     visible = in_view(view, evidence)
     block = next((m["content"] for m in view if isinstance(m.get("content"), str)
                   and m["content"].startswith(AUTO_BLOCK)), "")
-    auto_ev = any(e in ev_ids for e in re.findall(r"event_id (ev_\w+)", block))
+    auto_ev = any(e in ev_ids for e in re.findall(r"\"event_id\": \"(ev_\w+)\"", block))
     # The gateway's own search over the whole session (no exclusions), as a model reading more
     # than the top hit would see it.
     # Only haystack turns count: the RECALL message itself (which matches the question best)

@@ -95,12 +95,15 @@ def create_app(settings: Settings) -> web.Application:
     edge.install(app)  # parser rejections in the OpenAI envelope too, and a deadline on reading a body
     app[SETTINGS] = settings
     app[METRICS] = Metrics(known_models=list(settings.models))
+    tenants = settings.tenant_table()
     app[IDENTITY] = Identity(
-        {name: key.get_secret_value() for name, key in settings.tenants.items()},
+        {name: t.key.get_secret_value() for name, t in tenants.items()},
         settings.session.header,
         settings.session.fallback,
         require_key=settings.server.client_keys == "required"
-        or (settings.server.client_keys == "auto" and bool(settings.upstream.api_key.get_secret_value())),
+        or (settings.server.client_keys == "auto" and bool(operator_keys(settings))),
+        upstream_keys={name: t.upstream_key.get_secret_value() for name, t in tenants.items()},
+        admin_token=settings.server.admin_token.get_secret_value(),
         client_headers=tuple(settings.session.headers),
     )
     app.cleanup_ctx.append(_resources)
@@ -118,6 +121,19 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_route("*", "/v1/{tail:.*}", passthrough)
     setup_admin(app)
     return app
+
+
+def operator_keys(settings: Settings) -> list[str]:
+    """The names of the operator's own credentials that are set: any of them spent on a
+    client's behalf makes client keys required in ``client_keys = "auto"``."""
+    keys = {
+        "upstream.api_key": settings.upstream.api_key.get_secret_value(),
+        "policy.summary_api_key": settings.policy.summary_api_key or "",
+        "recall.embeddings_api_key": settings.recall.embeddings_api_key.get_secret_value(),
+    }
+    keys |= {f"tenants.{name}.upstream_key": t.upstream_key.get_secret_value() for name, t in settings.tenant_table().items()}
+    keys |= {f"policies[{i}].summary_api_key": o.policy.get("summary_api_key") or "" for i, o in enumerate(settings.policies)}
+    return [name for name, value in keys.items() if value]
 
 
 async def _resources(app: web.Application) -> AsyncIterator[None]:

@@ -74,3 +74,5 @@ TENANT: web.RequestKey[str] = web.RequestKey("tenant", str)
 SESSION: web.RequestKey[str] = web.RequestKey("session", str)
 MODEL: web.RequestKey[str] = web.RequestKey("model", str)
 LOG_FIELDS: web.RequestKey[dict] = web.RequestKey("log_fields", dict)
+# The tenant's own provider key ("" = the operator's or the client's); never logged.
+UPSTREAM_KEY: web.RequestKey[str] = web.RequestKey("upstream_key", str)

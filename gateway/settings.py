@@ -35,10 +35,16 @@ class ServerSettings(_Section):
     admin_token: SecretStr = Field(SecretStr(""), description="Bearer token for /admin; empty turns the admin API off.")
     client_keys: Literal["auto", "required", "off"] = Field(
         "auto",
-        description="Must /v1 clients present a key listed under [tenants] (401 otherwise)? 'auto': when upstream.api_key "
-        "is set, so the gateway never lends the operator's key to anyone; 'required': always; 'off': never.",
+        description="Must /v1 clients present a key listed under [tenants] (401 otherwise)? 'auto': when any operator key is "
+        "set (upstream.api_key, policy.summary_api_key, recall.embeddings_api_key, a tenant's upstream_key), so the gateway "
+        "never lends the operator's keys to anyone; 'required': always; 'off': never.",
     )
-    max_body_mb: float = Field(32.0, gt=0, description="Largest chat request body accepted (413 above).")
+    max_body_mb: float = Field(
+        32.0, gt=0, description="Largest request body accepted, decoded (413 above); pass-through uploads are unbounded unless compressed."
+    )
+    max_decompression_ratio: float = Field(
+        200.0, gt=1, description="Largest decoded-to-compressed size ratio of a request body past its first 4 MiB (413 above)."
+    )
     body_read_timeout_s: float = Field(
         30.0, gt=0,
         description="Longest time a client may take to send a request body the gateway reads whole (408 after, "
@@ -53,6 +59,12 @@ class ServerSettings(_Section):
         "8 per core, whose free memory grew the heap under load."
     )
     malloc_trim_s: float = Field(60.0, ge=0, description="Seconds between returning free heap pages to the kernel (glibc malloc_trim); 0 = never.")
+    passthrough_routes: list[str] = Field(
+        default_factory=list,
+        description="Pass-through routes beyond the stateless ones (models, embeddings, moderations) that may go upstream "
+        "with upstream.api_key, as 'METHOD /v1/glob' or '/v1/glob' (any method); others get 403. Stateful routes "
+        "(files, stored completions, batches) on the operator's account are shared by every tenant.",
+    )
 
 
 class UpstreamSettings(_Section):
@@ -133,8 +145,8 @@ class RecallSettings(_Section):
         600, ge=0, le=8000, description="Proactive recall: tokens of hidden history, found with a fresh user message, added to the view (0 = off)."
     )
     auto_placement: Literal["system", "user"] = Field(
-        "system", description="Where the proactive recall block goes: 'system', a message of its own before the newest user "
-        "message; 'user', the start of that message (for chat templates that allow a system message only first)."
+        "user", description="Where the proactive recall block goes: 'user', the start of the newest user message (recalled "
+        "text never carries the system role's authority); 'system', a message of its own before it."
     )
     auto_timeout_s: float = Field(
         5.0, gt=0, description="Longest a request waits for its proactive recall search; past it the request goes on "
@@ -171,11 +183,27 @@ class SummarySettings(_Section):
     breaker_cooldown_s: float = Field(
         60.0, gt=0, description="How long an open breaker blocks calls before one probe; doubles after a failed probe."
     )
+    tenant_tokens_per_hour: int = Field(
+        1_000_000, ge=0,
+        description="Summary tokens (prompt + completion) the gateway may spend per tenant and hour, refilled "
+        "continuously; past it a job writes deterministic state instead of calling the model (0 = unlimited).",
+    )
+    max_fold_tokens: int = Field(
+        100_000, ge=1000,
+        description="History tokens one summary job folds with the model; an older remainder of a bigger delta "
+        "becomes deterministic state (its exact values and notes, no model call).",
+    )
     deterministic_after: int = Field(
         2, ge=1,
         description="Rejected (off-format) summaries in a row after which a session's jobs write a deterministic "
         "state-only checkpoint, so compaction proceeds while the model is weak.",
     )
+
+
+class TenantSettings(_Section):
+    key: SecretStr = Field(..., description="The tenant's client API key.")
+    upstream_key: SecretStr = Field(SecretStr(""), description="Provider key used for this tenant instead of upstream.api_key.")
+    max_stored_mb: float | None = Field(None, gt=0, description="Ledger storage quota for this tenant (default store.max_stored_mb).")
 
 
 class LogSettings(_Section):
@@ -196,7 +224,9 @@ class Settings(BaseSettings):
     store: StoreSettings = StoreSettings()
     session: SessionSettings = SessionSettings()
     models: dict[str, ModelSettings] = Field(default_factory=dict)
-    tenants: dict[str, SecretStr] = Field(default_factory=dict, description="Named tenants: name = client API key.")
+    tenants: dict[str, SecretStr | TenantSettings] = Field(
+        default_factory=dict, description="Named tenants: name = client API key, or a table with key, upstream_key, max_stored_mb."
+    )
     policy: Policy = Policy()
     policies: list[PolicyOverride] = Field(default_factory=list)
     summary: SummarySettings = SummarySettings()
@@ -217,6 +247,10 @@ class Settings(BaseSettings):
         if toml_file is not None:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
         return tuple(sources)
+
+    def tenant_table(self) -> dict[str, TenantSettings]:
+        """Every named tenant in the table form (``name = "key"`` is ``key`` alone)."""
+        return {name: t if isinstance(t, TenantSettings) else TenantSettings(key=t) for name, t in self.tenants.items()}
 
     def context_window(self, model: str) -> int | None:
         found = self.models.get(model)
@@ -321,6 +355,11 @@ def example_toml() -> str:
         "# of a hash of the key. Keys are compared in constant time and never logged.",
         "# [tenants]",
         '# acme = "sk-acme-..."',
+        "# A tenant of its own provider account, with a storage quota:",
+        "# [tenants.beta]",
+        '# key = "pk-beta-..."',
+        '# upstream_key = "sk-provider-beta-..."',
+        "# max_stored_mb = 500",
         "",
         "# Policy overrides, applied in order to requests whose model and/or session id match the",
         "# globs (later wins). Any [policy] key may be set.",

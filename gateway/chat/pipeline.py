@@ -27,7 +27,7 @@ from gateway.http.errors import GatewayError, UpstreamIncomplete
 from gateway.http.identity import Identity
 from gateway.http.sse import SSEDecoder, StreamAssembler, end_with_error
 from gateway.http.upstream import Upstream, response_headers
-from gateway.keys import LOG_FIELDS, MODEL, PIPELINE, REQUEST_ID, SESSION, TENANT
+from gateway.keys import LOG_FIELDS, MODEL, PIPELINE, REQUEST_ID, SESSION, TENANT, UPSTREAM_KEY
 from store import call as store_call
 
 
@@ -108,7 +108,7 @@ class ChatPipeline:
 
     async def _relay_json(self, request: web.Request, turn: Turn) -> web.StreamResponse:
         t0 = time.perf_counter()
-        async with self.upstream.post_chat(request.headers, self._body(turn), drop=self._drop) as up:
+        async with self.upstream.post_chat(request.headers, self._body(turn), drop=self._drop, tenant_key=request.get(UPSTREAM_KEY, "")) as up:
             payload = await self.upstream.reader(up).read()
             turn.timing.waiting(t0)
             headers = response_headers(up.headers, decoded=True)
@@ -127,7 +127,7 @@ class ChatPipeline:
         t0 = time.perf_counter()
         response: web.StreamResponse | None = None
         try:
-            async with self.upstream.post_chat(request.headers, self._body(turn), drop=self._drop) as up:
+            async with self.upstream.post_chat(request.headers, self._body(turn), drop=self._drop, tenant_key=request.get(UPSTREAM_KEY, "")) as up:
                 turn.timing.waiting(t0)
                 reader = self.upstream.reader(up)
                 headers = response_headers(up.headers, decoded=True)

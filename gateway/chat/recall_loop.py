@@ -34,6 +34,7 @@ from gateway.chat.views import ViewBuilder
 from gateway.http.errors import GatewayError, UpstreamErrorEvent, UpstreamIncomplete, UpstreamUnreachable
 from gateway.http.sse import SSEDecoder, StreamAssembler, ToolCallIndexer, encode_event, end_with_error, readable_chunk, readable_completion
 from gateway.http.upstream import Upstream, response_headers
+from gateway.keys import UPSTREAM_KEY
 from gateway.recall.auto import add_recalled_history
 from policies import is_recall_call, last_user_index
 from policies.messages import call_name
@@ -100,7 +101,7 @@ class RecallLoop:
         return orjson.dumps(body)
 
     def _post(self, request: web.Request, body: bytes):
-        return self.upstream.post_chat(request.headers, body, drop=self._drop)
+        return self.upstream.post_chat(request.headers, body, drop=self._drop, tenant_key=request.get(UPSTREAM_KEY, ""))
 
     def _split(self, calls: list[dict], names: tuple[str, str]) -> tuple[list[dict], list[dict]]:
         recall = [c for c in calls if is_recall_call(c, names)]

@@ -1,8 +1,10 @@
 """Parsing and validating a chat completion request body (400 on what we cannot route).
 
 Only what the gateway itself depends on is checked: JSON object, ``model`` a string,
-``messages`` a non-empty list of objects with string roles, ``stream`` a boolean. Everything
-else, unknown fields included, is the provider's business and is passed on unchanged.
+``messages`` a non-empty list of objects with string roles, each tool call (and legacy
+``function_call``) an object whose ``function`` is an object with string ``name`` and
+``arguments``, ``stream`` a boolean. Everything else, unknown fields included, is the provider's
+business and is passed on unchanged.
 """
 
 from __future__ import annotations
@@ -42,6 +44,17 @@ def _too_deep(body: dict) -> bool:
     return False
 
 
+def _check_call(function, where: str, *, required: bool) -> None:
+    """A call's ``function``: an object, its ``name`` and ``arguments`` strings when present."""
+    if function is None and not required:
+        return
+    if not isinstance(function, dict):
+        raise BadRequest(f"'{where}' must be an object with 'name' and 'arguments'.", param=where)
+    for key in ("name", "arguments"):
+        if function.get(key) is not None and not isinstance(function[key], str):
+            raise BadRequest(f"'{where}.{key}' must be a string.", param=f"{where}.{key}")
+
+
 def parse_chat_request(raw: bytes) -> ChatRequest:
     try:
         body = orjson.loads(raw)
@@ -69,6 +82,15 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
         tool_calls = message.get("tool_calls")
         if tool_calls is not None and not (isinstance(tool_calls, list) and all(isinstance(c, dict) for c in tool_calls)):
             raise BadRequest(f"'messages[{i}].tool_calls' must be an array of objects.", param=f"messages[{i}].tool_calls")
+        for j, call in enumerate(tool_calls or ()):
+            _check_call(call.get("function"), f"messages[{i}].tool_calls[{j}].function", required=True)
+            if call.get("id") is not None and not isinstance(call["id"], str):
+                raise BadRequest(f"'messages[{i}].tool_calls[{j}].id' must be a string.", param=f"messages[{i}].tool_calls[{j}].id")
+        if message.get("function_call") is not None:
+            _check_call(message["function_call"], f"messages[{i}].function_call", required=False)
+        for name in ("tool_call_id", "name"):
+            if message.get(name) is not None and not isinstance(message[name], str):
+                raise BadRequest(f"'messages[{i}].{name}' must be a string.", param=f"messages[{i}].{name}")
     stream = body.get("stream", False)
     if stream is None:
         stream = False

@@ -21,13 +21,18 @@ reach on its own:
 - **Logs.** aiohttp logs each rejection with a traceback whose message quotes the client's
   bytes (a header that failed to parse may be a credential). The protocol's logger, handed over
   in `handler_args`, is ``palimpsest.http`` with a filter that keeps only the rejection's type.
+- **Unread compressed bodies.** A response sent before its compressed request body was read
+  closes the connection, instead of aiohttp reading (and decoding) the rest for up to 10 s
+  (lingering), and a body read whole is decoded within its size and ratio limits
+  (``gateway.http.body``). An uncompressed body costs no decoding, so it still lingers.
 - **Unfinished request heads.** A connection that never completes its request head holds no
   handler, only a socket, until aiohttp's keep-alive timer closes it: ``server.keepalive_timeout_s``
   (75 s; aiohttp's default is 3630 s).
 
 `install` makes the app's factory build `GatewayRequest`s. This relies on private names of
 aiohttp (``Application._make_request``, ``Request._prepare_hook``, called after the headers are
-computed and before they are written, and ``StreamResponse._set_status``), stable since 3.0;
+computed and before they are written, ``StreamResponse._set_status``, ``Request._read_bytes``,
+``Request._protocol`` and its ``_lingering_time``), stable since 3.0;
 tests/robustness/test_http_edges.py fails if they change.
 """
 
@@ -42,7 +47,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from gateway.http.body import too_slow
+from gateway.http.body import BodyLimits, read_bounded, too_slow
 from gateway.http.errors import error_body
 from gateway.keys import SETTINGS
 
@@ -54,9 +59,14 @@ class GatewayRequest(web.Request):
         timeout = self.app[SETTINGS].server.body_read_timeout_s
         try:
             async with asyncio.timeout(timeout):
-                return await super().read()
+                self._read_bytes = await read_bounded(self.content, self.body_limits())
+                return self._read_bytes
         except TimeoutError:
             raise too_slow(timeout) from None
+
+    def body_limits(self) -> BodyLimits:
+        server = self.app[SETTINGS].server
+        return BodyLimits(self.content, int(server.max_body_mb * 2**20), server.max_decompression_ratio)
 
     async def _prepare_hook(self, response: web.StreamResponse) -> None:
         if self._match_info is None and isinstance(response, web.Response) and response.status >= 400:
@@ -68,6 +78,13 @@ class GatewayRequest(web.Request):
             response.headers["Content-Type"] = "application/json"
             response.headers["Content-Length"] = str(len(body))
             return
+        if self.body_exists and "Content-Encoding" in self.headers and not self.content.is_eof():
+            # aiohttp would go on reading the rest for up to 10 s (lingering), decoding it on the
+            # event loop: the connection closes after this response instead, unread.
+            response.force_close()
+            response.headers["Connection"] = "close"  # the headers were computed before this hook
+            self._protocol._lingering_time = 0.0
+            self._protocol.close()  # also stops parsing what still arrives
         await super()._prepare_hook(response)
 
 

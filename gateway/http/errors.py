@@ -3,7 +3,8 @@
     GatewayError                  base: status 500, type "api_error"
     ├── BadRequest                400 invalid_request_error (malformed JSON, wrong types)
     │   └── ContextLengthExceeded 400 code context_length_exceeded (cannot fit even tailored)
-    ├── Unauthorized              401 (admin API)
+    ├── Unauthorized              401 (a missing or unknown client key; the admin API)
+    ├── Forbidden                 403 (a pass-through route the operator's key may not serve)
     ├── NotFound                  404
     ├── RequestTimeout            408 (the request body did not arrive in time; closes the connection)
     ├── PayloadTooLarge           413
@@ -64,6 +65,12 @@ class Unauthorized(GatewayError):
     status = 401
     type = "authentication_error"
     code = "invalid_api_key"
+
+
+class Forbidden(GatewayError):
+    status = 403
+    type = "permission_error"
+    code = "route_not_allowed"
 
 
 class NotFound(GatewayError):

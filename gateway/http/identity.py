@@ -4,9 +4,13 @@ The tenant is a stable hash of the client's credential, or the name of a configu
 whose key matches; the raw credential is never stored or logged. A session is always scoped by
 its tenant, so two tenants using the same session id never meet.
 
-With client keys required (``server.client_keys``; by default whenever ``upstream.api_key`` is
-set, because the gateway then spends the operator's key on the client's behalf), a request
-whose key is missing or not one of ``[tenants]`` gets a 401 before anything else happens.
+With client keys required (``server.client_keys``; by default whenever any operator key is set,
+because the gateway then spends it on the client's behalf), a request whose key is missing or
+not one of ``[tenants]`` gets a 401 before anything else happens. The admin token is never a
+client key (it would be forwarded upstream): it gets the same 401.
+
+A tenant may have a provider key of its own (``[tenants.NAME] upstream_key``); `tenant` notes
+it on the request (`UPSTREAM_KEY`), and the upstream client uses it instead of the operator's.
 
 Without the session header, the headers well-known agent clients send on every request name
 the session (``session.headers``, in order: Codex's ``session-id`` then ``thread-id``, Claude
@@ -24,13 +28,14 @@ import hmac
 from aiohttp import web
 
 from gateway.http.errors import BadRequest, Unauthorized
+from gateway.keys import UPSTREAM_KEY
 from store.ledger import SessionRef
 
 ANONYMOUS = "anonymous"
 
 
 def credential_of(request: web.Request) -> str:
-    """The client's key: ``Authorization`` (Bearer), Azure-style ``api-key`` or Anthropic's ``x-api-key``."""
+    """The client's key: Authorization (Bearer or bare), Azure's api-key, or Anthropic's x-api-key."""
     auth = request.headers.get("Authorization", "")
     if auth[:7].lower() == "bearer ":
         return auth[7:].strip()
@@ -44,8 +49,11 @@ def _raw(credential: str) -> bytes:
 
 class Identity:
     def __init__(self, tenants: dict[str, str], session_header: str, fallback: str, *, require_key: bool = False,
+                 upstream_keys: dict[str, str] | None = None, admin_token: str = "",
                  client_headers: tuple[str, ...] = ()) -> None:
         self._tenants = [(name, key.encode()) for name, key in tenants.items()]
+        self._upstream_keys = {name: key for name, key in (upstream_keys or {}).items() if key}
+        self._admin = admin_token.encode()
         self._header = session_header
         self._client_headers = client_headers  # what well-known clients send, in order (session.headers)
         self._fallback = fallback
@@ -55,7 +63,17 @@ class Identity:
     def tenant(self, request: web.Request) -> str:
         """The request's tenant; Unauthorized (401) when a client key is required and this
         request has none of the configured ones."""
-        credential = credential_of(request)
+        tenant = self._tenant(credential_of(request))
+        request[UPSTREAM_KEY] = self._upstream_keys.get(tenant, "")
+        return tenant
+
+    def upstream_key(self, tenant: str) -> str:
+        """The tenant's own provider key, or "" (the operator's key, or the client's, is used)."""
+        return self._upstream_keys.get(tenant, "")
+
+    def _tenant(self, credential: str) -> str:
+        if self._admin and hmac.compare_digest(_raw(credential), self._admin):
+            raise Unauthorized("The admin token is not a client API key.")
         if not credential:
             if self.require_key:
                 raise Unauthorized("This gateway requires a client API key (Authorization: Bearer <key>).")

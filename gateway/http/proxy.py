@@ -1,6 +1,12 @@
 """Pass-through for every /v1/* route other than chat completions: any method, bodies
 streamed both ways, nothing stored. Compressed upstream bodies are relayed as they came.
 
+With the operator's key (``upstream.api_key``, and no ``upstream_key`` of the tenant's own) every
+tenant would share one provider account: its files, stored completions, batches and responses.
+So only stateless routes (`STATELESS`) pass through on it, plus those ``server.passthrough_routes``
+lists; any other gets 403 before anything is sent upstream (`passthrough_allowed`). A client's
+own key, or its tenant's, reaches only that client's account, and every route passes.
+
 An upstream failure before the response started is an error status (middleware); after, an
 event stream ends with an error event, and any other body is cut off by closing the
 connection, so the client sees a truncated body instead of waiting for the rest.
@@ -13,31 +19,59 @@ client would resolve ``/v1/../x`` to ``/x``, and some servers decode ``%2f`` int
 
 from __future__ import annotations
 
+import fnmatch
 import time
 from urllib.parse import unquote
 
 from aiohttp import web
 
 from gateway.http.body import StreamedBody
-from gateway.http.errors import BadRequest, GatewayError, UpstreamTimeout
+from gateway.http.errors import BadRequest, Forbidden, GatewayError, UpstreamTimeout
 from gateway.http.sse import end_with_error
 from gateway.http.upstream import response_headers
-from gateway.keys import IDENTITY, METRICS, REQUEST_ID, SETTINGS, UPSTREAM
+from gateway.keys import IDENTITY, METRICS, REQUEST_ID, SETTINGS, UPSTREAM, UPSTREAM_KEY
 
 ROUTE = "passthrough"
+
+# (method, path glob) of the routes that read or write nothing on the provider's account.
+STATELESS = (
+    ("GET", "/v1/models"), ("GET", "/v1/models/*"), ("POST", "/v1/embeddings"), ("POST", "/v1/moderations"),
+    ("POST", "/v1/messages/count_tokens"),
+)
+
+
+def passthrough_allowed(method: str, path: str, settings) -> bool:
+    """May `method` `path` (decoded) go upstream with the operator's key? Stateless routes, and
+    those ``server.passthrough_routes`` lists ('METHOD /v1/glob' or '/v1/glob' for any method)."""
+    method = "GET" if method == "HEAD" else method.upper()
+    rules = [*STATELESS, *(_rule(entry) for entry in settings.server.passthrough_routes)]
+    return any(m in ("*", method) and fnmatch.fnmatchcase(path, glob) for m, glob in rules)
+
+
+def _rule(entry: str) -> tuple[str, str]:
+    parts = entry.split(None, 1)
+    return ("*", parts[0]) if len(parts) == 1 else (parts[0].upper(), parts[1].strip())
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
     request.app[IDENTITY].tenant(request)  # 401 here for a missing/unknown client key
     raw_path = safe_raw_path(request.rel_url.raw_path)
     upstream = request.app[UPSTREAM]
+    tenant_key = request.get(UPSTREAM_KEY, "")
+    if upstream.uses_operator_key(tenant_key) and not passthrough_allowed(request.method, request.path, request.app[SETTINGS]):
+        raise Forbidden(
+            f"{request.method} {request.path} is not available through this gateway: it would use the operator's "
+            "provider account, shared by every tenant (server.passthrough_routes lists the routes allowed).",
+        )
     metrics = request.app[METRICS]
     started = time.perf_counter()
     waited = 0.0
-    headers = upstream.request_headers(request.headers, path=request.path)
+    headers = upstream.request_headers(request.headers, path=request.path, tenant_key=tenant_key)
     body = None
     if request.body_exists:
-        body = StreamedBody(request.content, request.app[SETTINGS].server.body_read_timeout_s)
+        compressed = "Content-Encoding" in request.headers
+        limits = request.body_limits() if compressed else None  # a GatewayRequest (gateway.http.edge)
+        body = StreamedBody(request.content, request.app[SETTINGS].server.body_read_timeout_s, limits)
         if request.content_length is not None and "Content-Encoding" not in request.headers:
             headers["Content-Length"] = str(request.content_length)  # decoded bodies go chunked
     status = 502
@@ -67,8 +101,8 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
             await response.write_eof()
             return response
     except GatewayError as exc:
-        if body is not None and body.timed_out:
-            exc = body.error()  # the upload stalled: the client's fault, not the upstream's
+        if body is not None and body.failure is not None:
+            exc = body.failure  # the upload stalled or grew too large: the client's fault, not the upstream's
         status = exc.status
         if response is None or not response.prepared:
             raise exc from None

@@ -31,6 +31,11 @@ HOP_BY_HOP = frozenset(
         "TE", "Trailer", "Trailers", "Transfer-Encoding", "Upgrade", "Host", "Content-Length",
     )
 )
+# The client's account selectors and browser state: meaningless, or worse, on the operator's
+# account, so they are dropped whenever the operator's key goes upstream in place of the client's.
+OPERATOR_DROPS = frozenset({"openai-organization", "openai-project", "cookie"})
+# Every header that can carry a credential; replaced whenever the gateway supplies the key.
+CREDENTIALS = ("Authorization", "api-key", "x-api-key")
 # Set by aiohttp's server on every response; copying the upstream's as well would duplicate them.
 SERVER_SET = frozenset({"server", "date"})
 
@@ -103,39 +108,47 @@ class Upstream:
         return URL(url, encoded=True)
 
     def key_header(self, path: str) -> str:
-        """Where the operator's key goes: ``x-api-key`` on Anthropic's routes and for an
+        """Where the gateway's key goes: ``x-api-key`` on Anthropic's routes and for an
         Anthropic upstream (``upstream.format``), else ``Authorization: Bearer``."""
         anthropic = self.format == "anthropic" or path == "/v1/messages" or path.startswith(("/v1/messages/", "/v1/messages?"))
         return "x-api-key" if anthropic else "Authorization"
 
-    def request_headers(self, incoming: CIMultiDictProxy[str], drop: frozenset[str] = frozenset(),
-                        path: str = "") -> CIMultiDict[str]:
+    def request_headers(self, incoming: CIMultiDictProxy[str], drop: frozenset[str] = frozenset(), *,
+                        path: str = "", tenant_key: str = "") -> CIMultiDict[str]:
+        """The client's headers for the upstream, with the tenant's own key (`tenant_key`), else
+        the operator's, else the client's credential as it came; a key goes in the header the
+        route's API reads (`key_header`)."""
+        if not tenant_key and self.api_key:
+            drop = drop | OPERATOR_DROPS
         out: CIMultiDict[str] = CIMultiDict()
         for name, value in incoming.items():
             lname = name.lower()
             if lname in HOP_BY_HOP or lname in drop or lname == "content-encoding":
                 continue  # content-encoding: aiohttp hands the gateway the request body decoded
             out.add(name, value)
-        if self.api_key:
-            out.popall("Authorization", None)
-            out.popall("api-key", None)
-            out.popall("x-api-key", None)
+        key = tenant_key or self.api_key
+        if key:
+            for name in CREDENTIALS:
+                out.popall(name, None)
             if self.key_header(path) == "x-api-key":
-                out["x-api-key"] = self.api_key
+                out["x-api-key"] = key
             else:
-                out["Authorization"] = f"Bearer {self.api_key}"
+                out["Authorization"] = f"Bearer {key}"
         return out
+
+    def uses_operator_key(self, tenant_key: str = "") -> bool:
+        return bool(self.api_key) and not tenant_key
 
     def reader(self, response: aiohttp.ClientResponse) -> BodyReader:
         return BodyReader(response, self.first_byte_timeout, self.idle_timeout)
 
-    def post_chat(self, incoming: CIMultiDictProxy[str], body: bytes, *, drop: frozenset[str]):
+    def post_chat(self, incoming: CIMultiDictProxy[str], body: bytes, *, drop: frozenset[str], tenant_key: str = ""):
         """Open a chat completion call carrying the client's headers (minus `drop`) and `body`."""
-        return self.post("/v1/chat/completions", incoming, body, drop=drop)
+        return self.post("/v1/chat/completions", incoming, body, drop=drop, tenant_key=tenant_key)
 
-    def post(self, path: str, incoming: CIMultiDictProxy[str], body: bytes, *, drop: frozenset[str]):
+    def post(self, path: str, incoming: CIMultiDictProxy[str], body: bytes, *, drop: frozenset[str], tenant_key: str = ""):
         """Open a JSON POST to `path` (/v1/...) carrying the client's headers (minus `drop`)."""
-        headers = self.request_headers(incoming, drop=drop, path=path)
+        headers = self.request_headers(incoming, drop=drop, path=path, tenant_key=tenant_key)
         headers["Content-Type"] = "application/json"
         headers["Content-Length"] = str(len(body))
         return self.request(self.api, "POST", self.url(path), headers=headers, data=body)

@@ -5,8 +5,14 @@ After a response whose view passed ``summary_trigger_ratio`` of the window, a jo
 (bounded queue, N workers). A request whose view passes ``sync_compaction_ratio`` waits for
 the session's running job or starts one, but never longer than ``sync_budget_s``: a delta too
 large to fold in time keeps running in the background while the request goes ahead tailored.
-Sync jobs count against the same bound as the queue: when it is full, requests go out
-tailored (with the exact values) instead of piling up jobs in memory.
+Sync jobs count against the same bounds: at most ``workers`` jobs call the model at once,
+async and sync together, and a sync job starts only when one of them is free; otherwise the
+request goes out tailored (with the exact values) instead of piling up jobs in memory.
+
+Cost is bounded per job and per tenant: a job folds at most ``summary.max_fold_tokens`` of
+history with the model (an older remainder of a bigger delta becomes deterministic state), and
+every call is paid from the tenant's token budget (``gateway.jobs.budget``); a job the budget
+cannot cover writes deterministic state too.
 
 A job takes the previous checkpoint on the path, chooses a boundary that keeps the newest
 rounds raw, folds the delta in chunks (previous summary + chunk -> new summary; big deltas as
@@ -14,8 +20,9 @@ map-reduce), validates each summary and stores a new checkpoint.
 
 Faults (``gateway.jobs.backoff``): a failed job puts its session into exponential backoff with
 jitter (never shorter than an upstream ``Retry-After``); a per-model circuit breaker stops
-every session from calling a model that keeps failing and lets one probe through after a
-cool-down. A rejected summary (off-format) is retried once with the reasons, and only while the
+every session from calling a model that keeps failing (transport faults, 5xx, 429) and lets one
+probe through after a cool-down. What one session's content causes (a 400/413/422, a rejected
+summary) never counts toward the breaker: one tenant cannot switch summaries off for all. A rejected summary (off-format) is retried once with the reasons, and only while the
 session has no rejection history. A session whose summaries keep being rejected is
 *degraded*: its jobs write a deterministic state-only checkpoint (model ``"deterministic"``:
 user requests, decisions and exact values copied without a model), so compaction proceeds
@@ -34,7 +41,8 @@ from gateway.chat.offload import pure as off_loop  # big deltas are read in a wo
 from gateway.http.upstream import Upstream
 from gateway.jobs.backoff import Breaker, SessionBackoff
 from gateway.settings import SummarySettings
-from gateway.jobs.summary_model import Auth, SummaryFailed, SummaryJob, SummaryModel, SummaryRejected
+from gateway.jobs.budget import TenantBudget
+from gateway.jobs.summary_model import Auth, BudgetExceeded, SummaryFailed, SummaryJob, SummaryModel, SummaryRejected
 from policies import Policy, TokenCounter, choose_boundary, chunk_messages, extract_exact_values, merge_state
 from policies.extraction import extract_notes
 from policies.summary import DETERMINISTIC_MODEL, render_state_summary
@@ -62,14 +70,16 @@ class Summarizer:
         self._worker_count = workers
         # Jobs in memory at once (queued + running, sync ones included): beyond it, tailoring.
         self._max_running = workers + queue_size
+        self._slots = asyncio.Semaphore(workers)  # jobs calling the model at once, sync ones included
         self._running: dict[str, asyncio.Task] = {}
         self._queued: set[str] = set()
         self._in_hand = 0  # taken off the queue by a worker, not launched yet
         self.backoff = SessionBackoff(base_s=c.backoff_base_s, max_s=c.backoff_max_s, jitter=c.backoff_jitter,
                                       degrade_after=c.deterministic_after)
         self.breakers: dict[tuple[str, str], Breaker] = {}
+        self.budget = TenantBudget(c.tenant_tokens_per_hour, metrics)
         self.model = SummaryModel(upstream=upstream, windows=windows, counter=counter, metrics=metrics,
-                                  backoff=self.backoff, outcome=self._outcome)
+                                  backoff=self.backoff, outcome=self._outcome, budget=self.budget)
 
     @property
     def _call_seconds(self) -> float:
@@ -140,6 +150,9 @@ class Summarizer:
             if self._full():
                 self.metrics.summary_dropped.labels("queue_full").inc()
                 return None  # degrade to tailoring, not to unbounded jobs in memory
+            if self._slots.locked():
+                self.metrics.summary_dropped.labels("workers_busy").inc()
+                return None  # every worker is calling the model: the next async job catches up
             job = SummaryJob(ref, chat.model, policy, chat.history, chat.ids, auth, None, "sync", budget)
             if not self._admit(job):
                 return None
@@ -199,8 +212,8 @@ class Summarizer:
             self._transition("half_open")
         if verdict in ("call", "probe"):
             return True
-        if degraded or breaker.cause == "rejected":
-            job.deterministic = True  # the model is known to reject the format: do not wait for it
+        if degraded:
+            job.deterministic = True  # this session's summaries keep being rejected: do not wait for the model
             return True
         self.metrics.summary_skipped.labels(verdict).inc()
         return False
@@ -218,6 +231,10 @@ class Summarizer:
     def _outcome(self, job: SummaryJob, ok: bool, outcome: str, *, cause: str = "unavailable",
                  retry_after: float | None = None) -> None:
         self.metrics.summary_calls.labels(outcome).inc()
+        if not ok and cause in ("rejected", "content"):
+            # Caused by what this session sent (a summary off-format for it, a 4xx for its
+            # content): its own backoff handles it; the breaker is shared by every tenant.
+            return
         self._transition(self._breaker(job).record(ok, cause=cause, retry_after=retry_after))
 
     # -- running -----------------------------------------------------------------------------
@@ -255,7 +272,8 @@ class Summarizer:
         started = time.perf_counter()
         key = job.ref.key
         try:
-            cp = await asyncio.wait_for(self._run(job), job.policy.summary_timeout_s)
+            async with self._slots:
+                cp = await asyncio.wait_for(self._run(job), job.policy.summary_timeout_s)
         except asyncio.TimeoutError:
             self.metrics.summary_errors.labels("timeout").inc()
             if not job.deterministic:
@@ -308,6 +326,15 @@ class Summarizer:
             return None
         return start, start + cut, previous
 
+    def _beyond_fold(self, delta: list[dict], ids: list[str]) -> int:
+        """How many of the delta's oldest messages exceed ``max_fold_tokens`` (0: it all fits)."""
+        room = self.config.max_fold_tokens
+        for i in range(len(delta) - 1, -1, -1):
+            room -= self.counter.count_message(delta[i], ids[i])
+            if room < 0:
+                return i + 1
+        return 0
+
     async def _run(self, job: SummaryJob) -> Checkpoint | None:
         # One replica summarises a session at a time: a lease in the store, which expires if
         # its holder dies (store.acquire). The bounds are read under it, so a replica that
@@ -333,11 +360,18 @@ class Summarizer:
         summary = previous.summary if previous else None
         model = policy.summary_model or job.model
         if not job.deterministic:
+            older = self._beyond_fold(delta, delta_ids)
+            if older:  # too much to fold with the model: the oldest part goes in as state only
+                part = delta[:older]
+                summary = render_state_summary(summary, extract_notes(part), await off_loop(extract_exact_values, part), policy)
             try:
-                summary = await self.model.write(job, summary, delta, state)
+                summary = await self.model.write(job, summary, delta[older:], state)
             except SummaryRejected:
                 if not self.backoff.degraded(job.ref.key):
                     raise
+                job.fell_back = True
+            except BudgetExceeded:
+                self.metrics.summary_errors.labels("tenant_budget").inc()
                 job.fell_back = True
         if job.deterministic or job.fell_back:
             summary = render_state_summary(previous.summary if previous else None, extract_notes(delta), delta_state, policy)

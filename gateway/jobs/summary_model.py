@@ -20,6 +20,7 @@ import orjson
 
 from gateway.http.upstream import Upstream
 from gateway.jobs.backoff import Breaker, SessionBackoff, retry_after_seconds
+from gateway.jobs.budget import TenantBudget
 from policies import (
     Policy,
     TokenCounter,
@@ -40,6 +41,9 @@ SUMMARY_PROMPT_ROOM = 4000
 VALIDATED_VALUES = 12
 CREDENTIAL_HEADERS = ("authorization", "api-key", "x-api-key")
 ANTHROPIC_VERSION = "2023-06-01"
+# Statuses a provider gives for what one request carries (its content or size), not for the
+# model's health: they fail that session's job, never every tenant's (the shared breaker).
+CONTENT_STATUSES = frozenset({400, 413, 422})
 
 Auth = Mapping[str, str] | str | None
 
@@ -59,6 +63,13 @@ class SummaryFailed(Exception):
         super().__init__(reason)
         self.reason = reason
         self.retry_after = retry_after
+
+
+class BudgetExceeded(SummaryFailed):
+    """The tenant's token budget cannot cover the call (``gateway.jobs.budget``): not made."""
+
+    def __init__(self) -> None:
+        super().__init__("tenant_budget")
 
 
 class SummaryRejected(SummaryFailed):
@@ -86,8 +97,9 @@ class SummaryJob:
 
 class SummaryModel:
     def __init__(self, *, upstream: Upstream, windows, counter: TokenCounter, metrics, backoff: SessionBackoff,
-                 outcome: Callable[..., None]) -> None:
+                 outcome: Callable[..., None], budget: TenantBudget | None = None) -> None:
         self.upstream = upstream
+        self.budget = budget or TenantBudget(0)
         self.windows = windows
         self.counter = counter
         self.metrics = metrics
@@ -182,14 +194,28 @@ class SummaryModel:
         path = "/chat/completions"
         if anthropic:  # the same request in Anthropic Messages: system text apart, the answer in content blocks
             headers["anthropic-version"] = ANTHROPIC_VERSION
-            body, path = messages_body(body), "/messages"
+            path = "/messages"
+        reserved = self.counter.count_messages(messages) + body["max_tokens"]
+        if not self.budget.reserve(job.ref.tenant, reserved):
+            raise BudgetExceeded()
+        spent = reserved  # a call that ends without usage is charged its estimate
+        try:
+            text, used = await self._send(job, base + path, headers, messages_body(body) if anthropic else body, anthropic)
+            spent = used or reserved
+            return text
+        finally:
+            self.budget.settle(job.ref.tenant, reserved, spent)
+
+    async def _send(self, job: SummaryJob, url: str, headers: dict, body: dict, anthropic: bool) -> tuple[str, int]:
+        """The summary text and the tokens the upstream reported (prompt + completion)."""
         started = time.perf_counter()
         try:
-            async with self.upstream.request(self.upstream.api, "POST", base + path, data=orjson.dumps(body), headers=headers) as resp:
+            async with self.upstream.request(self.upstream.api, "POST", url, data=orjson.dumps(body), headers=headers) as resp:
                 payload = await resp.read()
                 if resp.status != 200:
                     wait = retry_after_seconds(resp.headers) if resp.status in (429, 503) else None
-                    self.outcome(job, False, "rate_limited" if resp.status == 429 else "error", retry_after=wait)
+                    cause = "content" if resp.status in CONTENT_STATUSES else "unavailable"
+                    self.outcome(job, False, "rate_limited" if resp.status == 429 else "error", retry_after=wait, cause=cause)
                     raise SummaryFailed(f"upstream_{resp.status}", wait)
         except SummaryFailed:
             raise
@@ -213,7 +239,7 @@ class SummaryModel:
         self.metrics.summary_output_tokens.inc(completion)
         self.metrics.summary_cache_read_tokens.inc((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
         self.metrics.tokens_spent_overhead.labels("summary").inc(prompt + completion)
-        return text
+        return text, prompt + completion
 
 
 def messages_body(chat: dict) -> dict:

@@ -24,6 +24,7 @@ from gateway.formats import messages as fmt
 from gateway.http.errors import GatewayError, UpstreamErrorEvent, UpstreamIncomplete, UpstreamUnreachable
 from gateway.http.sse import SSEDecoder
 from gateway.http.upstream import response_headers
+from gateway.keys import UPSTREAM_KEY
 from gateway.messages.pipeline import answer_of, end_stream_with_error, upstream_path
 from gateway.messages.stream import MessageStreamFilter, add_usage, chat_usage, is_recall_block, visible_blocks
 from policies.messages import tool_calls
@@ -41,7 +42,8 @@ class MessagesRecallLoop(RecallLoop):
         return orjson.dumps(body)
 
     def _post(self, request: web.Request, body: bytes):
-        return self.upstream.post(upstream_path(request), request.headers, body, drop=self._drop)
+        return self.upstream.post(upstream_path(request), request.headers, body, drop=self._drop,
+                                  tenant_key=request.get(UPSTREAM_KEY, ""))
 
     def _calls(self, blocks: list, names: tuple[str, str]) -> tuple[list[dict], bool]:
         """The recall calls of an answer (as neutral tool calls) and whether it also calls a

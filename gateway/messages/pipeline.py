@@ -34,7 +34,7 @@ from gateway.http.errors import GatewayError, UpstreamIncomplete, UpstreamErrorE
 from gateway.http.identity import Identity
 from gateway.http.sse import SSEDecoder
 from gateway.http.upstream import Upstream, response_headers
-from gateway.keys import LOG_FIELDS, MODEL, REQUEST_ID, SESSION, TENANT
+from gateway.keys import LOG_FIELDS, MODEL, REQUEST_ID, SESSION, TENANT, UPSTREAM_KEY
 from gateway.messages.stream import MessageAssembler, chat_usage, encode, visible_blocks
 from gateway.ops.readonly import NoMetrics, NoSummaries
 from store import call as store_call
@@ -155,7 +155,8 @@ class MessagesPipeline:
         t0 = time.perf_counter()
         response: web.StreamResponse | None = None
         try:
-            async with self.upstream.post(upstream_path(request), request.headers, self.body(turn), drop=self._drop) as up:
+            async with self.upstream.post(upstream_path(request), request.headers, self.body(turn), drop=self._drop,
+                                          tenant_key=request.get(UPSTREAM_KEY, "")) as up:
                 turn.timing.waiting(t0)
                 reader = self.upstream.reader(up)
                 headers = response_headers(up.headers, decoded=True)

@@ -68,6 +68,8 @@ class Metrics:
         self.summary_breaker_transitions = Counter(p + "summary_breaker_transitions_total", "Summary model circuit breaker transitions.", ["kind"], registry=r)
         self.summary_breakers_open = Gauge(p + "summary_breakers_open", "Summary models whose circuit breaker is open or half-open.", registry=r)
         self.summary_deterministic = Counter(p + "summary_deterministic_checkpoints_total", "Checkpoints written without a model (degraded mode).", ["mode"], registry=r)
+        self.tenant_budget_tokens = Counter(p + "tenant_budget_tokens_total", "Tokens the gateway spent on tenants' behalf, by kind of call.", ["kind"], registry=r)
+        self.tenant_budget_exceeded = Counter(p + "tenant_budget_exceeded_total", "Gateway calls skipped: the tenant's token budget was spent.", ["kind"], registry=r)
         self.sync_wait_seconds = Histogram(p + "sync_compaction_wait_seconds", "Time a request waited for sync compaction.", buckets=LATENCY_BUCKETS, registry=r)
         # Recall.
         self.recall_calls = Counter(p + "recall_calls_total", "Recall tool calls resolved by the gateway.", ["tool", "outcome"], registry=r)

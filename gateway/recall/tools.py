@@ -18,6 +18,7 @@ from, within `passage_tokens` for the whole result, so most facts need no load r
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -64,7 +65,7 @@ def _iso(ts: float) -> str:
 
 class RecallTools:
     def __init__(self, ledger: Ledger, indexer: Indexer, metrics, default_limit: int = 5, *,
-                 passage_tokens: int = 600, auto_tokens: int = 0, auto_placement: str = "system",
+                 passage_tokens: int = 600, auto_tokens: int = 0, auto_placement: str = "user",
                  auto_timeout_s: float = 5.0) -> None:
         self.ledger = ledger
         self.indexer = indexer
@@ -74,6 +75,9 @@ class RecallTools:
         self.auto_tokens = auto_tokens  # proactive recall budget (gateway/recall/auto.py); 0 = off
         self.auto_placement = auto_placement  # "system": a message of its own; "user": in the user message
         self.auto_timeout_s = auto_timeout_s  # proactive recall goes without its block past this
+        # Session key -> its proactive search that outlived its request (at most one per
+        # session: later ones are skipped while it runs).
+        self.late_searches: dict[str, asyncio.Future] = {}
 
     async def run(self, call: dict, *, kind: str, session_key: str, path_ids: list[str], hidden: frozenset[str],
                   matches: dict[str, str] | None = None, asking: str | None = None) -> str:

@@ -228,10 +228,10 @@ class ChatUpstream:
         self.upstream = upstream
 
     @asynccontextmanager
-    async def post(self, path: str, incoming, body: bytes, *, drop: frozenset[str]):
+    async def post(self, path: str, incoming, body: bytes, *, drop: frozenset[str], tenant_key: str = ""):
         request = orjson.loads(body)
         converted, dropped = chat_body(request)
-        async with self.upstream.post_chat(incoming, orjson.dumps(converted), drop=drop) as up:
+        async with self.upstream.post_chat(incoming, orjson.dumps(converted), drop=drop, tenant_key=tenant_key) as up:
             headers = CIMultiDict(up.headers)
             if dropped:
                 headers["x-palimpsest-dropped"] = ", ".join(f"{k}={v}" for k, v in sorted(dropped.items()))

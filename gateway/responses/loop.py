@@ -23,6 +23,7 @@ from gateway.formats import responses as fmt
 from gateway.http.errors import GatewayError, UpstreamErrorEvent, UpstreamIncomplete, UpstreamUnreachable
 from gateway.http.sse import SSEDecoder
 from gateway.http.upstream import response_headers
+from gateway.keys import UPSTREAM_KEY
 from gateway.responses.pipeline import PATH, answer_of, chat_usage, end_stream_with_error
 from gateway.responses.stream import TERMINAL, ResponseStreamFilter, add_usage, is_recall_item, visible_output
 from policies.messages import tool_calls
@@ -46,7 +47,8 @@ class ResponsesRecallLoop(RecallLoop):
         return orjson.dumps(body)
 
     def _open(self, turn: Turn, request: web.Request, body: bytes):
-        return self.transport(turn.chat.model).post(PATH, request.headers, body, drop=self._drop)
+        return self.transport(turn.chat.model).post(PATH, request.headers, body, drop=self._drop,
+                                                    tenant_key=request.get(UPSTREAM_KEY, ""))
 
     def _reader(self, turn: Turn, up):
         return self.transport(turn.chat.model).reader(up)

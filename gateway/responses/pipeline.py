@@ -29,7 +29,7 @@ from gateway.http.errors import BadRequest, GatewayError, NotFound, UpstreamInco
 from gateway.http.identity import Identity
 from gateway.http.sse import SSEDecoder
 from gateway.http.upstream import Upstream, response_headers
-from gateway.keys import LOG_FIELDS, MODEL, REQUEST_ID, SESSION, TENANT
+from gateway.keys import LOG_FIELDS, MODEL, REQUEST_ID, SESSION, TENANT, UPSTREAM_KEY
 from gateway.responses.chat_upstream import ChatUpstream
 from gateway.responses.stream import TERMINAL, encode
 from store import call as store_call
@@ -217,7 +217,8 @@ class ResponsesPipeline:
         response: web.StreamResponse | None = None
         transport = self.transport(turn.chat.model)
         try:
-            async with transport.post(PATH, request.headers, self.body(turn), drop=self._drop) as up:
+            async with transport.post(PATH, request.headers, self.body(turn), drop=self._drop,
+                                      tenant_key=request.get(UPSTREAM_KEY, "")) as up:
                 turn.timing.waiting(t0)
                 reader = transport.reader(up)
                 headers = response_headers(up.headers, decoded=True)

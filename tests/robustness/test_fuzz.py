@@ -523,6 +523,45 @@ def test_nesting_that_can_be_read_but_not_written_is_a_400(corpus):
             assert status == 200 or _is_envelope(payload)
 
 
+MALFORMED_FUNCTION = st.one_of(
+    st.text(max_size=12), st.integers(), st.lists(st.text(max_size=4), max_size=2), st.booleans(),
+    st.fixed_dictionaries({"name": st.one_of(st.integers(), st.lists(st.integers(), max_size=1), st.just({})),
+                           "arguments": st.just("{}")}),
+    st.fixed_dictionaries({"name": st.just("read_file"),
+                           "arguments": st.one_of(st.integers(), st.just({"path": "a"}), st.lists(st.integers(), max_size=2))}),
+)
+
+
+def test_malformed_tool_calls_are_400(corpus):
+    """A tool call whose `function` is not an object with string name and arguments (a string
+    `function` was a 500: canonicalisation read it as a dict), in a well-formed agent history,
+    streamed or not, on a fresh session and after a recorded turn."""
+    def body(function, stream: bool, legacy: bool) -> dict:
+        call = {"role": "assistant", "content": None, "function_call": function} if legacy else {
+            "role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": function}]}
+        answer = {"role": "function", "name": "read_file", "content": "x"} if legacy else {"role": "tool", "tool_call_id": "c1", "content": "x"}
+        return {"model": "fake-32k", "stream": stream, "messages": [{"role": "user", "content": "read it"}, call, answer,
+                                                                    {"role": "user", "content": "and?"}]}
+
+    for function in ("read_file", 7, None, ["read_file"], {"name": 3, "arguments": "{}"}, {"name": "read_file", "arguments": {}}):
+        for session in ("tc-fresh", "tc-fresh"):
+            status, _, payload = corpus.http.request("POST", "/v1/chat/completions", dumps(body(function, False, False)),
+                                                     {"Content-Type": "application/json", "X-Session-Id": session})
+            corpus.sent += 1
+            assert status == 400 and _is_envelope(payload), (function, status, payload[:200])
+
+    @settings(FUZZ, max_examples=max(1, int(300 * SCALE)))
+    @given(MALFORMED_FUNCTION, st.booleans(), st.booleans(), HEADERS)
+    def run(function, stream, legacy, headers):
+        if legacy and function is None:
+            return
+        corpus.post("/v1/chat/completions", dumps(body(function, stream, legacy)), headers)
+
+    run()
+    assert corpus.by_status.get(400, 0) > 0
+    corpus.assert_clean("malformed tool calls")
+
+
 # -- after the corpus --------------------------------------------------------------------------
 
 CORPUS_TESTS = {"structured", "agent", "raw", "passthrough", "compacted", "big"}
