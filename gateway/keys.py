@@ -76,3 +76,6 @@ MODEL: web.RequestKey[str] = web.RequestKey("model", str)
 LOG_FIELDS: web.RequestKey[dict] = web.RequestKey("log_fields", dict)
 # The tenant's own provider key ("" = the operator's or the client's); never logged.
 UPSTREAM_KEY: web.RequestKey[str] = web.RequestKey("upstream_key", str)
+# The request reads or deletes an upstream object the gateway knows to be its tenant's (a
+# response it relayed): it may pass on the operator's key, whatever the route rules.
+OWNED: web.RequestKey[bool] = web.RequestKey("owned", bool)

@@ -29,7 +29,7 @@ from gateway.http.body import StreamedBody
 from gateway.http.errors import BadRequest, Forbidden, GatewayError, UpstreamTimeout
 from gateway.http.sse import end_with_error
 from gateway.http.upstream import response_headers
-from gateway.keys import IDENTITY, METRICS, REQUEST_ID, SETTINGS, UPSTREAM, UPSTREAM_KEY
+from gateway.keys import IDENTITY, METRICS, OWNED, REQUEST_ID, SETTINGS, UPSTREAM, UPSTREAM_KEY
 
 ROUTE = "passthrough"
 
@@ -58,7 +58,8 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     raw_path = safe_raw_path(request.rel_url.raw_path)
     upstream = request.app[UPSTREAM]
     tenant_key = request.get(UPSTREAM_KEY, "")
-    if upstream.uses_operator_key(tenant_key) and not passthrough_allowed(request.method, request.path, request.app[SETTINGS]):
+    if (upstream.uses_operator_key(tenant_key) and not request.get(OWNED, False)
+            and not passthrough_allowed(request.method, request.path, request.app[SETTINGS])):
         raise Forbidden(
             f"{request.method} {request.path} is not available through this gateway: it would use the operator's "
             "provider account, shared by every tenant (server.passthrough_routes lists the routes allowed).",

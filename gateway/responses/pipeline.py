@@ -33,7 +33,7 @@ from gateway.keys import LOG_FIELDS, MODEL, REQUEST_ID, SESSION, TENANT, UPSTREA
 from gateway.responses.chat_upstream import ChatUpstream
 from gateway.responses.stream import TERMINAL, encode
 from store import call as store_call
-from store.canonical import path_ids
+from store.canonical import event_id, path_ids
 from store.ledger import SessionRef
 from store.response_ids import ResponseIds
 
@@ -153,8 +153,16 @@ class ResponsesPipeline:
         if not isinstance(previous, str) or not previous:
             return None, []
         found = self.response_ids.find(previous)
-        if found is None or found.tenant != tenant:
-            return None, []
+        if found is None:
+            if self.upstream.uses_operator_key(request.get(UPSTREAM_KEY, "")):
+                # On the operator's account every tenant's stored responses meet: only ids the
+                # gateway knows to be this tenant's may be continued there.
+                raise self._not_found(previous)
+            return None, []  # the client's own provider account: the provider decides
+        if found.tenant != tenant:
+            raise self._not_found(previous)
+        if not found.event_id:
+            return None, []  # relayed without a session: the provider holds the chain
         events = await store_call(self.ledger.path_to, found.session_key, found.event_id)
         if not events:
             return None, []
@@ -162,6 +170,11 @@ class ResponsesPipeline:
         if record is None:
             return None, []
         return SessionRef(record.tenant, record.session_id), [e.message for e in events]
+
+    @staticmethod
+    def _not_found(response_id: str) -> BadRequest:
+        return BadRequest(f"Previous response with id '{response_id}' not found.", param="previous_response_id",
+                          code="previous_response_not_found")
 
     async def _compacted_session(self, chat, tenant: str) -> SessionRef | None:
         """The session a compaction item of this gateway names, when the request names none
@@ -232,7 +245,7 @@ class ResponsesPipeline:
                     if up.status == 200:
                         self._learn(turn, payload)
                     response = web.Response(status=up.status, reason=up.reason, body=payload, headers=headers)
-                    await self.record(turn)
+                    await self.record(turn, request.get(TENANT))
                     await response.prepare(request)
                     await response.write_eof()
                     return response
@@ -242,7 +255,7 @@ class ResponsesPipeline:
                 if terminal is None:
                     raise UpstreamIncomplete("The upstream's stream ended before the response was complete.")
                 self._learn_response(turn, terminal.get("response"))
-                await self.record(turn)
+                await self.record(turn, request.get(TENANT))
                 await response.write_eof()
         except GatewayError as exc:
             if response is None or not response.prepared:
@@ -288,17 +301,20 @@ class ResponsesPipeline:
                 answer["response_id"] = data["id"]
             turn.answer = answer
 
-    async def record(self, turn: Turn) -> None:
-        """The answer into the ledger, and its response id remembered for its tenant."""
+    async def record(self, turn: Turn, tenant: str | None = None) -> None:
+        """The answer into the ledger, and its response id remembered for its tenant. A response
+        relayed without a session is remembered too (its tenant, no event), so that only that
+        tenant may continue, read or delete it through the gateway."""
         response_id = (turn.answer or {}).get("response_id")
         await self.recorder.answer(turn)
-        if turn.ref is None or not response_id or turn.answer is None:
+        if not response_id or turn.answer is None:
             return
-        parent = turn.chat.ids[-1] if turn.chat.ids else None
-        from store.canonical import event_id
-
         try:
-            self.response_ids.remember(response_id, turn.ref.key, event_id(parent, turn.answer))
+            if turn.ref is not None:
+                parent = turn.chat.ids[-1] if turn.chat.ids else None
+                self.response_ids.remember(response_id, turn.ref.key, event_id(parent, turn.answer))
+            elif tenant:
+                self.response_ids.remember(response_id, f"{tenant}/", "")
         except Exception:
             self.metrics.store_write_errors.labels("response_id").inc()
 

@@ -3,6 +3,7 @@
 A response the gateway answered is read from the ledger and answered only for the tenant that
 owns its session; another tenant gets the same 404 as for an id that never existed. Ids the
 gateway never recorded go on to the pass-through route (and its rules for the operator's key).
+A response relayed without a session is the provider's to answer, on its tenant's behalf only.
 A delete makes the id unknown from then on (``previous_response_id`` and reads refuse it); the
 conversation's events stay in the ledger until the session itself is deleted.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from gateway.http.proxy import passthrough
-from gateway.keys import LEDGER, RESPONSES
+from gateway.keys import LEDGER, OWNED, RESPONSES
 from policies.conversation import wire_items
 from store import call as store_call
 
@@ -22,6 +23,9 @@ async def stored_response(request: web.Request) -> web.StreamResponse:
     response_id = request.match_info["response_id"]
     found = pipeline.owned(request, response_id)
     if found is None:
+        return await passthrough(request)
+    if not found.event_id:  # relayed without a session: the provider holds it, for its tenant only
+        request[OWNED] = True
         return await passthrough(request)
     ledger = request.app[LEDGER]
     if request.method == "DELETE":

@@ -7,6 +7,7 @@ import aiohttp
 import openai
 import pytest
 
+from simulator.puppet import RECEIVED
 from tests.gateway.test_responses import gateway_config, responses_bodies
 from tests.support.agent import RESPONSES_TOOLS
 
@@ -51,10 +52,11 @@ async def test_another_tenant_cannot_continue_read_or_delete_a_recorded_response
     alice = client(gw, "pk-alice")
     first = await alice.responses.create(model="fake-32k", input="alice's secret plan", store=False)
     bob = client(gw, "pk-bob", session=None)
-    # Bob's chain from alice's id is not rebuilt: the id passes on to the upstream, which never stored it.
-    with pytest.raises(openai.BadRequestError):
+    sent = len(responses_bodies(upstream))
+    with pytest.raises(openai.BadRequestError) as refused:  # bob's chain from alice's id: refused, as if unknown
         await bob.responses.create(model="fake-32k", previous_response_id=first.id, input="continue", store=False)
-    assert "alice's secret plan" not in str(responses_bodies(upstream)[-1])
+    assert refused.value.code == "previous_response_not_found"
+    assert len(responses_bodies(upstream)) == sent  # nothing of it reached the upstream
     async with aiohttp.ClientSession() as http:
         url = f"{gw.base_url}/responses/{first.id}"
         for method in ("GET", "DELETE"):
@@ -73,3 +75,26 @@ async def test_another_tenant_cannot_continue_read_or_delete_a_recorded_response
             assert (await response.json())["deleted"] is True
     with pytest.raises(openai.BadRequestError):  # deleted: the gateway no longer knows it
         await alice.responses.create(model="fake-32k", previous_response_id=first.id, input="continue", store=False)
+
+
+async def test_on_the_operators_key_a_relayed_response_stays_its_tenants(start_gateway, upstream):
+    gw = await start_gateway(**gateway_config("responses"), tenants=TENANTS, upstream={"api_key": "sk-operator"})
+    alice, bob = client(gw, "pk-alice", session=None), client(gw, "pk-bob", session=None)
+    first = await alice.responses.create(model="fake-32k", input="alice's plan")  # no session: relayed, stored upstream
+    sent = len(responses_bodies(upstream))
+    with pytest.raises(openai.BadRequestError) as refused:
+        await bob.responses.create(model="fake-32k", previous_response_id=first.id, input="continue")
+    assert refused.value.code == "previous_response_not_found"
+    with pytest.raises(openai.BadRequestError):  # an id nobody recorded: not on the shared account either
+        await bob.responses.create(model="fake-32k", previous_response_id="resp_guessed", input="continue")
+    assert len(responses_bodies(upstream)) == sent  # refused before anything went up
+    async with aiohttp.ClientSession() as http:
+        url = f"{gw.base_url}/responses/{first.id}"
+        async with http.get(url, headers={"Authorization": "Bearer pk-bob"}) as response:
+            assert response.status == 404
+        async with http.get(url, headers={"Authorization": "Bearer pk-alice"}) as response:
+            assert response.status == 200  # the provider's copy, for its owner
+    second = await alice.responses.create(model="fake-32k", previous_response_id=first.id, input="continue")
+    assert second.output_text.startswith("ok:")
+    assert all(r["headers"].get("authorization") == "Bearer sk-operator" for r in upstream.app[RECEIVED]
+               if r["path"].endswith("/responses") or "/responses/" in r["path"])
