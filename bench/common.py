@@ -216,7 +216,7 @@ class Puppet:
         """Forget the log (bounded memory between sessions) and the simulated prompt cache."""
         self.received.clear()
         self.calls.clear()
-        self.app[PUPPET_STATE].last_prompt.clear()
+        self.app[PUPPET_STATE].prompt_cache.clear()
 
 
 def _recording_middleware(puppet_ref: list[Puppet]):

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from aiohttp import web
 
-from simulator.counting import count_message, window_for
+from simulator.cache import PromptCache
+from simulator.counting import window_for
 from simulator.errors import PuppetError
 from simulator.options import DEFAULT_MODELS, FIXTURE_MODELS, MODEL_FAMILIES
 
@@ -31,7 +31,8 @@ class PuppetState:
     # Completion ids of streams whose client went away before the end.
     disconnected: list[str] = field(default_factory=list)
     counter: int = 0
-    last_prompt: dict[str, list[tuple[bytes, int]]] = field(default_factory=dict)
+    # The simulated prompt cache (simulator/cache.py): shared prefixes billed as cached_tokens.
+    prompt_cache: PromptCache = field(default_factory=PromptCache)
     # Model names served besides those in `windows` and the fake-<N>k family.
     models: tuple[str, ...] = DEFAULT_MODELS + FIXTURE_MODELS
     # Summary calls only (x-palimpsest-purpose: summary), to play a weak or rate-limited summary
@@ -79,19 +80,3 @@ async def record(request: web.Request, body: bytes, parsed: Any) -> None:
     keep = request.app[PUPPET_STATE].keep_received
     if keep is not None and len(received) > keep:
         del received[: len(received) - keep]
-
-
-# The simulated prompt cache: the prefix shared with the previous request for the model.
-
-
-def cached_tokens(state: PuppetState, model: str, messages: list[dict[str, Any]]) -> int:
-    keyed = [(orjson.dumps(m, option=orjson.OPT_SORT_KEYS), count_message(m)) for m in messages]
-    previous = state.last_prompt.get(model, [])
-    state.last_prompt[model] = keyed
-    shared = 0
-    for (key, tokens), (before, _) in zip(keyed, previous):
-        if key != before:
-            break
-        shared += tokens
-    return 0 if shared < 1024 else shared // 128 * 128
-
