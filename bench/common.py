@@ -212,11 +212,13 @@ class Puppet:
     def chat_requests(self) -> list[dict]:
         return [r for r in self.received if r["path"].endswith("/chat/completions")]
 
-    def reset(self) -> None:
-        """Forget the log (bounded memory between sessions) and the simulated prompt cache."""
+    def reset(self, *, cache: bool = True) -> None:
+        """Forget the log (bounded memory between sessions) and, unless `cache` is False (the
+        same session goes on), the simulated prompt cache."""
         self.received.clear()
         self.calls.clear()
-        self.app[PUPPET_STATE].last_prompt.clear()
+        if cache:
+            self.app[PUPPET_STATE].prompt_cache.clear()
 
 
 def _recording_middleware(puppet_ref: list[Puppet]):
@@ -454,6 +456,7 @@ class Sent:
     client_tokens: int  # count_prompt of the body the client sent (the puppet's own counter)
     round: int
     step: str  # "call" (expects a tool call) or "answer" (after the tool result)
+    body: dict | None = None  # the body as sent (its own message list), for bench/billing.py
 
 
 async def replay(client: Client, session, session_id: str | None, *, model: str = MODEL,
@@ -474,7 +477,7 @@ async def replay(client: Client, session, session_id: str | None, *, model: str 
         body = {"model": model, "messages": history, "tools": tools}
         tokens = count_prompt(body)
         first = await client.chat(body, session_id)
-        sent.append(Sent(first, tokens, r, "call"))
+        sent.append(Sent(first, tokens, r, "call", {**body, "messages": list(history)}))
         if first.status != 200 or not (first.message or {}).get("tool_calls"):
             if first.message is not None:
                 history.append(first.message)
@@ -485,7 +488,7 @@ async def replay(client: Client, session, session_id: str | None, *, model: str 
         body = {"model": model, "messages": history, "tools": tools}
         tokens = count_prompt(body)
         second = await client.chat(body, session_id)
-        sent.append(Sent(second, tokens, r, "answer"))
+        sent.append(Sent(second, tokens, r, "answer", {**body, "messages": list(history)}))
         if second.message is not None:
             history.append(second.message)
     return history, sent
@@ -507,7 +510,7 @@ async def replay_loop(client: Client, session, session_id: str | None, *, model:
         while True:
             body = {"model": model, "messages": history, "tools": tools}
             reply = await client.chat(body, session_id)
-            sent.append(Sent(reply, count_prompt(body), t, "loop"))
+            sent.append(Sent(reply, count_prompt(body), t, "loop", {**body, "messages": list(history)}))
             if reply.status != 200 or reply.message is None:
                 break
             history.append(reply.message)

@@ -32,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import billing  # noqa: E402
 from common import (  # noqa: E402
     MODEL, WINDOW, Bench, Client, Sent, answer_text, count_prompt, flatten_haystack, fmt, load_cases,
     machine_note, percentile, prefix_stats, quiet_logs, replay, replay_loop, run_and_report,
@@ -53,14 +54,14 @@ def completion_budget(body: dict) -> int:
     return body.get("max_completion_tokens") or body.get("max_tokens") or 0
 
 
-def upstream_figures(bench: Bench) -> dict:
+def upstream_figures(bench: Bench, model: str = MODEL, window: int = WINDOW) -> dict:
     """Figures over everything the puppet received since its last reset."""
     chats = [r for r in bench.puppet.chat_requests() if r.get("json")]
     forwarded = [r for r in chats if r["headers"].get(PURPOSE, "") != "summary"]
     summaries = [r for r in chats if r["headers"].get(PURPOSE, "") == "summary"]
     tokens = [count_prompt(r["json"]) for r in forwarded]
-    over = sum(count_prompt(r["json"]) + completion_budget(r["json"]) > WINDOW for r in chats
-               if r["json"].get("model") == MODEL)
+    over = sum(count_prompt(r["json"]) + completion_budget(r["json"]) > window for r in chats
+               if r["json"].get("model") == model)
     calls = bench.puppet.calls
     fwd_calls = [c for c in calls if c.purpose != "summary"]
     sum_calls = [c for c in calls if c.purpose == "summary"]
@@ -82,6 +83,7 @@ def upstream_figures(bench: Bench) -> dict:
         "cached_tokens": cached,
         "billed_prompt_tokens": billed,
         "prefix": prefix_stats([r["json"] for r in forwarded]),
+        "bill": billing.billed(calls),
         "forwarded_tokens": tokens,
     }
 
@@ -94,8 +96,11 @@ def checkpoints_of(bench: Bench, session_id: str) -> int:
 # --- 1. synthetic agent sessions ---------------------------------------------------------------
 
 
-async def synthetic(args, mode: str) -> list[dict]:
-    bench = await Bench.start(gateway=mode == "gateway", **args.sections)
+async def synthetic(args, mode: str, model: str = MODEL, window: int = WINDOW) -> list[dict]:
+    sections = dict(args.sections)
+    if model != MODEL:
+        sections["models"] = {model: {"context_window": window}}
+    bench = await Bench.start(gateway=mode == "gateway", **sections)
     client = Client(bench.gateway.base_url if bench.gateway else bench.puppet.base_url)
     rows = []
     try:
@@ -104,12 +109,14 @@ async def synthetic(args, mode: str) -> list[dict]:
             session = synthetic_session(seed, rounds=args.rounds)
             sid = f"bench-compaction-{seed}"
             started = time.perf_counter()
-            _, sent = await replay(client, session, sid if bench.gateway else None)
+            _, sent = await replay(client, session, sid if bench.gateway else None, model=model)
             wall = time.perf_counter() - started
             settle = await bench.gateway.settle() if bench.gateway else 0.0
-            up = upstream_figures(bench)
+            up = upstream_figures(bench, model, window)
             rows.append({
-                "workload": "synthetic", "mode": mode, "seed": seed, "rounds": args.rounds,
+                "workload": "synthetic" if model == MODEL else f"chat-{window // 1000}k",
+                "mode": mode, "seed": seed, "rounds": args.rounds,
+                "ideal": billing.ideal_direct((s.body, s.reply.message) for s in sent),
                 "client_requests": len(sent),
                 "client_errors": sum(s.reply.status != 200 for s in sent),
                 "client_tokens": sum(s.client_tokens for s in sent),
@@ -146,6 +153,7 @@ async def loops(args, mode: str, workload: str) -> list[dict]:
             wall = time.perf_counter() - started
             settle = await bench.gateway.settle() if bench.gateway else 0.0
             up = upstream_figures(bench)
+            ideal = billing.ideal_direct((s.body, s.reply.message) for s in sent)
             # Planted facts (buried in tool outputs), each asked once: "RECALL: question" drives
             # session_search -> session_load -> ANSWER in the puppet when the recall tools are offered.
             recalled = asked = 0
@@ -165,7 +173,7 @@ async def loops(args, mode: str, workload: str) -> list[dict]:
                 "max_s": max(s.reply.elapsed for s in sent),
                 "wall_s": wall, "settle_s": settle,
                 "checkpoints": checkpoints_of(bench, sid),
-                "facts_asked": asked, "facts_recalled": recalled,
+                "facts_asked": asked, "facts_recalled": recalled, "ideal": ideal,
                 **up,
             })
     finally:
@@ -201,7 +209,8 @@ async def longmemeval(args, mode: str, cases: list[dict]) -> list[dict]:
                 "client_requests": 1, "client_errors": int(reply.status != 200),
                 "client_tokens": count_prompt(body), "p50_s": reply.elapsed, "max_s": reply.elapsed,
                 "wall_s": reply.elapsed, "settle_s": settle,
-                "checkpoints": checkpoints_of(bench, sid), **up,
+                "checkpoints": checkpoints_of(bench, sid),
+                "ideal": billing.ideal_direct([(body, reply.message)]), **up,
             })
     finally:
         await client.close()
@@ -241,8 +250,13 @@ async def fit_first(args, profile: str) -> list[dict]:
                 await bench.gateway.settle()
             history = messages + [closing, first.message or {"role": "assistant", "content": "ok"}]
             body = {"model": FIT_MODEL, "messages": history + [{"role": "user", "content": f"RECALL: {case['question']}"}]}
-            bench.puppet.reset()
+            arrival_calls = list(bench.puppet.calls)
+            bench.puppet.reset(cache=False)  # the same session goes on: the provider's cache stays
             reply = await client.chat(body, sid)
+            if gateway:
+                await bench.gateway.settle()
+            bill = billing.billed([*arrival_calls, *bench.puppet.calls])
+            ideal = billing.ideal_direct([(first_body, first.message), (body, reply.message)])
             turn = [r["json"] for r in bench.puppet.chat_requests()
                     if r.get("json") and r["headers"].get(PURPOSE, "") != "summary"]
             view = turn[0]["messages"] if turn else []
@@ -257,6 +271,7 @@ async def fit_first(args, profile: str) -> list[dict]:
                 "question_turn_upstream": sum(count_prompt(b) for b in turn), "requests": len(turn),
                 "evidence_in_view": in_view, "evidence_kept": in_view or loaded,
                 "rejected": sum(c.status != 200 for c in bench.puppet.calls if c.purpose != "summary"),
+                "bill": bill, "ideal": ideal,
             })
     finally:
         await client.close()
@@ -274,6 +289,10 @@ def fit_summary(rows: list[dict]) -> dict:
         "question_ratio": sum(r["question_first_upstream"] for r in rows) / sum(r["question_client"] for r in rows),
         "turn_ratio": sum(r["question_turn_upstream"] for r in rows) / sum(r["question_client"] for r in rows),
         "rejected": sum(r["rejected"] for r in rows),
+        "billed_over_ideal": sum(r["bill"]["cost"] for r in rows) / sum(r["ideal"]["cost"] for r in rows),
+        "summary_cost_share": sum(r["bill"]["summary_cost"] for r in rows) / (sum(r["bill"]["cost"] for r in rows) or 1),
+        "summary_cached_share": (sum(r["bill"]["summary_cached"] for r in rows)
+                                 / (sum(r["bill"]["summary_prompt"] for r in rows) or float("nan"))),
     }
 
 
@@ -307,6 +326,10 @@ def aggregate(rows: list[dict]) -> dict:
         "p50_s": percentile([r["p50_s"] for r in rows], 50), "max_s": max(r["max_s"] for r in rows),
         "wall_s": total("wall_s"), "settle_s": total("settle_s"),
         "median_fwd_window": percentile([t for r in rows for t in r.get("forwarded_tokens", [])], 50) / WINDOW,
+        "billed_over_ideal": (sum(r["bill"]["cost"] for r in rows) / sum(r["ideal"]["cost"] for r in rows)),
+        "all_over_client": sum(r["bill"]["prompt"] + r["bill"]["output"] for r in rows) / client,
+        "summary_cached_share": (sum(r["bill"]["summary_cached"] for r in rows)
+                                 / (sum(r["bill"]["summary_prompt"] for r in rows) or float("nan"))),
         "facts": (sum(r.get("facts_recalled", 0) for r in rows) / sum(r["facts_asked"] for r in rows)
                   if any(r.get("facts_asked") for r in rows) else float("nan")),
     }
@@ -512,7 +535,8 @@ def render(result: dict) -> str:
     head = (f"{'workload':<12} {'mode':<8} {'sess':>4} {'req':>5} {'up req':>6} {'client tok':>11} "
             f"{'upstream tok':>12} {'up/cl':>6} {'largest':>8} {'>win':>5} {'rej':>4} "
             f"{'prefix':>6} {'kept':>5} {'cached':>6} {'sum calls':>9} {'sum tok':>9} "
-            f"{'sum/saved':>9} {'p50 s':>6} {'max s':>6} {'med/win':>7} {'facts':>5}")
+            f"{'sum/saved':>9} {'p50 s':>6} {'max s':>6} {'med/win':>7} {'facts':>5} "
+            f"{'bill/ideal':>10} {'all/cl':>6} {'sum cached':>10}")
     lines += [f"compaction on {MODEL} (window {WINDOW:,}); tokens = puppet's count of what it received",
               head, "-" * len(head)]
     for a in agg:
@@ -523,7 +547,9 @@ def render(result: dict) -> str:
             f"{a['rejected']:>4} {fmt(a['prefix_cur'], 3):>6} {fmt(a['prefix_prev'], 3):>5} "
             f"{fmt(a['cached_ratio'], 3):>6} {a['summary_calls']:>9} {a['summary_tokens']:>9,} "
             f"{fmt(a['summary_over_saved'], 3):>9} {fmt(a['p50_s'], 3):>6} {fmt(a['max_s'], 2):>6} "
-            f"{fmt(a['median_fwd_window'], 3):>7} {fmt(a['facts'], 2):>5}")
+            f"{fmt(a['median_fwd_window'], 3):>7} {fmt(a['facts'], 2):>5} "
+            f"{fmt(a['billed_over_ideal'], 3):>10} {fmt(a['all_over_client'], 3):>6} "
+            f"{fmt(a['summary_cached_share'], 3):>10}")
     lines += [
         "req: client requests; up req: upstream requests that were not summary calls; >win: "
         "requests the puppet received over the window (summary calls included); rej: provider "
@@ -536,6 +562,10 @@ def render(result: dict) -> str:
         "sum/saved: summary tokens / (client - upstream tokens);",
         "med/win: median forwarded prompt / window; facts: planted facts recalled (agent loops: each "
         "fact asked once with RECALL: question after the session; ANSWER contains the value).",
+        "bill/ideal: billed cost (uncached + 0.1 x cached input + output, every upstream call incl. "
+        "summaries and recall rounds) / ideal direct (the client's own requests through a perfect "
+        "cache, no window limit; bench/billing.py); all/cl: all upstream prompt+completion tokens / "
+        "client prompt tokens; sum cached: cached share of summary-call input.",
     ]
     for a in agg:
         if a["mode"] == "gateway":
@@ -555,7 +585,9 @@ def render(result: dict) -> str:
         for f in result["fit_first"]:
             lines.append(f"  {f['profile']:<9} {f['cases']} cases: evidence kept {f['evidence_kept']:.2f} (in view "
                          f"{f['evidence_in_view']:.2f}); arrival {f['arrival_ratio']:.3f}, question request "
-                         f"{f['question_ratio']:.3f}, whole recall turn {f['turn_ratio']:.3f}; rejected {f['rejected']}")
+                         f"{f['question_ratio']:.3f}, whole recall turn {f['turn_ratio']:.3f}; rejected {f['rejected']}; "
+                         f"billed/ideal direct {f['billed_over_ideal']:.3f} (summary calls "
+                         f"{f['summary_cost_share']:.2f} of the bill, {fmt(f['summary_cached_share'], 3)} of their input cached)")
     if (gt := result.get("gateway_time")):
         lines += ["", f"gateway time per request on a warm session of {gt['messages_first']} -> "
                   f"{gt['messages']} messages, {gt['tokens_first']:,} -> {gt['final_client_tokens']:,} "
@@ -613,8 +645,19 @@ def checks(result: dict) -> list[str]:
                        f"forwarded/window {a['median_fwd_window']:.3f} (<= 0.5) {ok(a['median_fwd_window'] <= 0.5)}; "
                        f"prefix {a['prefix_cur']:.3f} (>= 0.85) {ok(a['prefix_cur'] >= 0.85)}; facts "
                        f"{a['facts']:.2f} (>= 0.95) {ok(a['facts'] >= 0.95)}")
+    for a in gw:
+        limit = {"synthetic": 0.45, "loop-3x30": 0.35, "chat-128k": 1.0}.get(a["workload"])
+        if limit is not None:
+            out.append(f"{a['workload']} billed/ideal direct {a['billed_over_ideal']:.3f} (<= {limit:g}) "
+                       f"{ok(a['billed_over_ideal'] <= limit)}")
+    for f in result.get("fit_first") or ():
+        if f["profile"] != "direct":
+            out.append(f"fit first {f['profile']} billed/ideal direct {f['billed_over_ideal']:.3f} (<= 1.00) "
+                       f"{ok(f['billed_over_ideal'] <= 1.0)}")
     lme = next((a for a in gw if a["workload"] == "longmemeval"), None)
     if lme:
+        out.append(f"LongMemEval all upstream tokens / client {lme['all_over_client']:.3f} (<= 1.0) "
+                   f"{ok(lme['all_over_client'] <= 1.0)}")
         out.append(f"LongMemEval upstream/client {lme['ratio']:.3f} (target <= 0.25) {ok(lme['ratio'] <= 0.25)}")
     for f in result.get("fit_first") or ():
         if f["profile"] == "balanced":
@@ -640,6 +683,11 @@ async def run(args) -> dict:
         t = time.perf_counter()
         rows += await synthetic(args, mode)
         timings[f"synthetic/{mode}"] = time.perf_counter() - t
+    if args.chat_128k:
+        for mode in args.mode_list:
+            t = time.perf_counter()
+            rows += await synthetic(args, mode, FIT_MODEL, FIT_WINDOW)
+            timings[f"chat-128k/{mode}"] = time.perf_counter() - t
     for workload in args.loop_list:
         for mode in args.mode_list:
             t = time.perf_counter()
@@ -658,7 +706,7 @@ async def run(args) -> dict:
             result_fit.append(fit_summary(await fit_first(args, profile)))
             timings[f"fit/{profile}"] = time.perf_counter() - t
     aggregates = []
-    for workload in ("synthetic", *args.loop_list, "longmemeval"):
+    for workload in ("synthetic", "chat-128k", *args.loop_list, "longmemeval"):
         for mode in args.mode_list:
             picked = [r for r in rows if r["workload"] == workload and r["mode"] == mode]
             if picked:
@@ -700,6 +748,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fit", type=int, default=None,
                         help="LongMemEval cases for the fit-first section on fake-128k (default 10, quick 2; 0 = skip)")
     parser.add_argument("--fit-profiles", default="direct,balanced,economy")
+    parser.add_argument("--chat-128k", type=int, default=1,
+                        help="also replay the synthetic sessions on fake-128k, where they fit (0 = skip)")
     parser.add_argument("--fit-offset", type=int, default=0,
                         help="skip this many LongMemEval cases first (the balanced raw tail was tuned on the first 10)")
     parser.add_argument("--loops", default=",".join(LOOP_SHAPES),

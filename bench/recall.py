@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import orjson  # noqa: E402
 
+import billing  # noqa: E402
 from common import (  # noqa: E402
     MODEL, Bench, Client, answer_text, count_prompt, flatten_haystack, fmt, load_cases,
     machine_note, percentile, quiet_logs, replay, run_and_report,
@@ -148,13 +149,18 @@ async def lme_case(bench: Bench, client: Client, case: dict, *, stream: bool, st
     sid = f"lme-{'steady' if steady else 'stream' if stream else 'json'}-{case['question_id']}"
     bench.puppet.reset()
     catch_up = 0.0
+    client_requests: list[tuple[dict, dict | None]] = []  # for the ideal-direct bill
+    earlier_calls: list = []
     if steady:
-        first = await client.chat({"model": MODEL, "messages": messages + [
-            {"role": "user", "content": "Thanks for all of this. Let's continue later."}]}, sid)
+        first_body = {"model": MODEL, "messages": messages + [
+            {"role": "user", "content": "Thanks for all of this. Let's continue later."}]}
+        first = await client.chat(first_body, sid)
+        client_requests.append((first_body, first.message))
         messages = messages + [{"role": "user", "content": "Thanks for all of this. Let's continue later."},
                                first.message or {"role": "assistant", "content": "ok"}]
         catch_up = await bench.gateway.settle()
-        bench.puppet.reset()
+        earlier_calls = list(bench.puppet.calls)
+        bench.puppet.reset(cache=False)  # the same session goes on: the provider's cache stays
     body = {"model": MODEL, "messages": messages + [{"role": "user", "content": f"RECALL: {case['question']}"}]}
     if not steady and arrival_prior:
         # The sync path folds a big delta only if (chunks x learnt seconds per summary call)
@@ -169,6 +175,10 @@ async def lme_case(bench: Bench, client: Client, case: dict, *, stream: bool, st
     start = len(bench.puppet.received)
     reply = await client.chat(body, sid)
     bodies = turn_requests(bench, start)
+    client_requests.append((body, reply.message))
+    await bench.gateway.settle()  # the background summary is part of the bill
+    bill = billing.billed([*earlier_calls, *bench.puppet.calls])
+    ideal = billing.ideal_direct(client_requests)
     trace = recall_trace(bodies)
     key = bench.gateway.session_key(sid)
     ids = path_ids([m for m in body["messages"] if m["role"] not in ("system", "developer")])
@@ -238,6 +248,7 @@ async def lme_case(bench: Bench, client: Client, case: dict, *, stream: bool, st
         "over_window": sum(t + (b.get("max_tokens") or 0) > 32_000 for t, b in zip(up_tokens, bodies)),
         "rejected": sum(c.status != 200 for c in calls),
         "rejections": [c.status for c in calls if c.status != 200],
+        "bill": bill, "ideal": ideal,
     }
 
 
@@ -275,6 +286,9 @@ def lme_summary(rows: list[dict]) -> dict:
         "stream_leaks": sum(r["stream_leaks"] for r in rows),
         "checkpoint_used": mean("checkpoint_used"),
         "over_window": sum(r["over_window"] for r in rows), "rejected": sum(r["rejected"] for r in rows),
+        "billed_over_ideal": sum(r["bill"]["cost"] for r in rows) / sum(r["ideal"]["cost"] for r in rows),
+        "all_over_client": (sum(r["bill"]["prompt"] + r["bill"]["output"] for r in rows)
+                            / sum(r["ideal"]["prompt"] for r in rows)),
     }
 
 
@@ -468,7 +482,7 @@ def render(result: dict) -> str:
         head = (f"{'LongMemEval':<16} {'n':>3} {'err':>3} {'loaded ev':>9} {'ev in view':>10} "
                 f"{'ev avail':>8} {'ans words':>9} {'turn/full':>9} {'ans/full':>8} {'full tok':>8} "
                 f"{'turn tok':>8} {'srch':>4} {'load':>4} {'hit@1':>5} {'hit@5':>5} {'hit@10':>6} "
-                f"{'cp':>4} {'>win':>4} {'rej':>3} {'p50 s':>6} {'max s':>6}")
+                f"{'cp':>4} {'>win':>4} {'rej':>3} {'p50 s':>6} {'max s':>6} {'bill/ideal':>10} {'all/cl':>6}")
         lines += [f"(a) LongMemEval-S on {MODEL}: one ~100k-token request ending with RECALL: <question>",
                   head, "-" * len(head)]
         labels = {"json": "arrival", "stream": "arrival stream", "steady": "after catch-up"}
@@ -483,7 +497,8 @@ def render(result: dict) -> str:
                 f"{fmt(s['hit5'], 2):>5} {fmt(s['hit10'], 2):>6} {fmt(s['checkpoint_used'], 2):>4} "
                 f"{s['over_window']:>4} {s['rejected']:>3} "
                 f"{fmt(s['latency_p50_s'], 2):>6} "
-                f"{fmt(s['latency_max_s'], 2):>6}")
+                f"{fmt(s['latency_max_s'], 2):>6} {fmt(s['billed_over_ideal'], 3):>10} "
+                f"{fmt(s['all_over_client'], 3):>6}")
         lines += [
             "loaded ev: the event session_load returned (top search hit) is a has_answer turn; ev in "
             "view: a has_answer turn is verbatim in the prompt the gateway sent (tailoring kept it, so "
@@ -499,6 +514,10 @@ def render(result: dict) -> str:
             "arrival: the haystack and the question in one request (tailored view + structured state "
             "+ recall tools; the summary catches up afterwards); after catch-up: the haystack arrived "
             "with a plain message first, the summary and index caught up, then the question came.",
+            "bill/ideal: billed cost of every upstream call of the case (recall rounds and summary "
+            "calls included; uncached + 0.1 x cached input + output) / the client's own requests "
+            "through a perfect cache with no window (bench/billing.py); all/cl: all upstream "
+            "prompt+completion tokens / the client's prompt tokens.",
         ]
         if any(s["mode"] == "stream" for s in lme):
             s = next(s for s in lme if s["mode"] == "stream")

@@ -94,7 +94,8 @@ def create_app(settings: Settings) -> web.Application:
     )
     edge.install(app)  # parser rejections in the OpenAI envelope too, and a deadline on reading a body
     app[SETTINGS] = settings
-    app[METRICS] = Metrics(known_models=list(settings.models))
+    app[METRICS] = Metrics(known_models=list(settings.models),
+                           prices={k: v.price_fields() for k, v in settings.models.items()})
     tenants = settings.tenant_table()
     app[IDENTITY] = Identity(
         {name: t.key.get_secret_value() for name, t in tenants.items()},
@@ -152,7 +153,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     ledger, checkpoints = open_stores(settings.store)  # embedded, or PostgreSQL with store.url
     counter, calibration = TokenCounter(), Calibration()
     metrics = app[METRICS]
-    windows = Windows({k: v.context_window for k, v in settings.models.items()}, upstream)
+    windows = Windows({k: v.context_window for k, v in settings.models.items() if v.context_window}, upstream)
     summarizer = Summarizer(
         upstream=upstream, checkpoints=checkpoints, counter=counter, metrics=metrics,
         workers=settings.summary.workers, queue_size=settings.summary.queue_size, windows=windows,

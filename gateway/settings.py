@@ -122,13 +122,23 @@ class SessionSettings(_Section):
 
 
 class ModelSettings(_Section):
-    context_window: int = Field(..., gt=0, description="Context window in tokens.")
+    context_window: int | None = Field(None, gt=0, description="Context window in tokens (unset: the upstream's or a well-known one).")
     api: Literal["responses", "chat"] = Field(
         "responses",
         description="What the upstream serves for this model: 'responses' (/v1/responses as well as chat), or 'chat' "
         "(/v1/chat/completions only, e.g. llama.cpp): Responses requests are then rendered as Chat Completions and "
         "the answer translated back.",
     )
+    # Prices, US dollars per million tokens; unset fields come from policies.prices.KNOWN_PRICES.
+    input_price: float | None = Field(None, ge=0, description="Price of an uncached input token, $ per 1M.")
+    cached_input_price: float | None = Field(None, ge=0, description="Price of a cached input token (cache read), $ per 1M.")
+    cache_write_price: float | None = Field(None, ge=0, description="Price of an input token written to the cache, $ per 1M.")
+    output_price: float | None = Field(None, ge=0, description="Price of an output token, $ per 1M.")
+
+    def price_fields(self) -> dict[str, float | None]:
+        """The overrides as policies.prices.price_of reads them."""
+        return {"input": self.input_price, "cached_input": self.cached_input_price,
+                "cache_write": self.cache_write_price, "output": self.output_price}
 
 
 class RecallSettings(_Section):

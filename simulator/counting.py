@@ -19,6 +19,11 @@ def count_text(text: str) -> int:
     return len(_encoding().encode_ordinary(text)) if text else 0
 
 
+def encode(text: str) -> list[int]:
+    """The tokens of `text` (the counter's tokenizer; the prompt cache keys on them)."""
+    return _encoding().encode_ordinary(text)
+
+
 def content_text(content: Any) -> str:
     """The text of a message's content: a string, or the text parts of a part list."""
     if isinstance(content, str):

@@ -45,7 +45,7 @@ from simulator.options import add_arguments
 from simulator import messages, responses
 from simulator.script import RECALL_ANSWER_CHARS, Answer, decide, markers
 from simulator.state import (DEFAULT_MODELS, FIXTURE_MODELS, PUPPET_STATE, RECEIVED, PuppetState,
-                             cached_tokens, record, summary_faults)
+                             record, summary_faults)
 from simulator.streaming import ratelimit_headers, stream_completion
 from simulator.summary import SUMMARY_WORD_LIMIT, render_summary
 from simulator.validation import VALID_ROLES, check_window, parse_json_body, validate_chat
@@ -88,7 +88,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     model = body["model"]
     prompt_tokens = count_prompt(body)
     check_window(body, prompt_tokens, state.window(model))
-    cached = min(cached_tokens(state, model, body["messages"]), prompt_tokens)
+    cached = min(state.prompt_cache.serve(model, body), prompt_tokens)
     delay = state.latency_s + marks.get("sleep", 0.0)
     if delay:
         await asyncio.sleep(delay)

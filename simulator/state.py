@@ -7,10 +7,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from aiohttp import web
 
-from simulator.counting import count_message, window_for
+from simulator.cache import PromptCache
+from simulator.counting import window_for
 from simulator.errors import PuppetError, injected_failure
 from simulator.options import DEFAULT_MODELS, FIXTURE_MODELS, MODEL_FAMILIES
 
@@ -33,7 +33,10 @@ class PuppetState:
     # Completion ids of streams whose client went away before the end.
     disconnected: list[str] = field(default_factory=list)
     counter: int = 0
-    last_prompt: dict[str, list[tuple[bytes, int]]] = field(default_factory=dict)
+    # The simulated prompt cache (simulator/cache.py): shared prefixes billed as cached_tokens.
+    prompt_cache: PromptCache = field(default_factory=PromptCache)
+    # The Responses and Messages routes' cache (cached_prefix): the previous prompt per model.
+    last_prompt: dict[str, list] = field(default_factory=dict)
     # Model names served besides those in `windows` and the fake-<N>k family.
     models: tuple[str, ...] = DEFAULT_MODELS + FIXTURE_MODELS
     # Summary calls only (x-palimpsest-purpose: summary), to play a weak or rate-limited summary
@@ -91,12 +94,7 @@ async def record(request: web.Request, body: bytes, parsed: Any) -> None:
         del received[: len(received) - keep]
 
 
-# The simulated prompt cache: the prefix shared with the previous request for the model.
-
-
-def cached_tokens(state: PuppetState, model: str, messages: list[dict[str, Any]]) -> int:
-    keyed = [(orjson.dumps(m, option=orjson.OPT_SORT_KEYS), count_message(m)) for m in messages]
-    return cached_prefix(state, model, keyed)
+# The Responses and Messages routes' prompt cache: the prefix shared with the previous request.
 
 
 def cached_prefix(state: PuppetState, key: str, keyed: list[tuple[bytes, int]]) -> int:

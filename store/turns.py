@@ -32,7 +32,11 @@ CREATE TABLE IF NOT EXISTS turns (
     client_tokens   INTEGER NOT NULL,
     upstream_tokens INTEGER NOT NULL,
     checkpoint      TEXT,
-    recall_calls    INTEGER NOT NULL DEFAULT 0
+    recall_calls    INTEGER NOT NULL DEFAULT 0,
+    cached_tokens   INTEGER,
+    uncached_tokens INTEGER,
+    cache_write_tokens INTEGER,
+    cost_usd        REAL
 );
 CREATE INDEX IF NOT EXISTS turns_by_session ON turns (session_key, created);
 """
@@ -52,11 +56,19 @@ class TurnBasis:
     upstream_tokens: int
     checkpoint: str | None = None
     recall_calls: int = 0
+    # What the provider said it billed over the request's upstream calls (None: not reported).
+    cached_tokens: int | None = None
+    uncached_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    cost_usd: float | None = None  # None: the model's price is not known
     created: float = field(default_factory=time.time)
 
 
 _COLUMNS = ("session_key", "node", "answer", "created", "model", "window", "budget", "client_tokens",
-            "upstream_tokens", "checkpoint", "recall_calls")
+            "upstream_tokens", "checkpoint", "recall_calls", "cached_tokens", "uncached_tokens",
+            "cache_write_tokens", "cost_usd")
+# Columns added after the first schema: a turn log written before them gains them on open.
+_ADDED = {"cached_tokens": "INTEGER", "uncached_tokens": "INTEGER", "cache_write_tokens": "INTEGER", "cost_usd": "REAL"}
 
 
 def _row(basis: TurnBasis) -> tuple:
@@ -74,6 +86,10 @@ class TurnLog:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={'FULL' if synchronous == 'full' else 'NORMAL'}")
         self._db.executescript(_SCHEMA)
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(turns)")}
+        for column, kind in _ADDED.items():
+            if column not in have:
+                self._db.execute(f"ALTER TABLE turns ADD COLUMN {column} {kind}")
         self._pending: list[TurnBasis] = []
         self._lock = threading.Lock()
 

@@ -115,6 +115,9 @@ class ChatPipeline:
             headers.update(turn.headers)
             if up.status == 200:
                 _learn(turn, payload)
+                self.recorder.bill(turn)
+                if turn.billed is not None:  # known before the body goes out: JSON answers only
+                    headers["x-palimpsest-cached-tokens"] = str(turn.billed.cached)
             else:
                 self.metrics.upstream_error(up.status)
             response = web.Response(status=up.status, reason=up.reason, body=payload, headers=headers)

@@ -138,6 +138,11 @@ class RecallLoop:
         """Every upstream call of a turn after the first exists because of recall: its tokens
         are the gateway's cost, set against the tokens it saved."""
         usage = clean_usage(usage)
+        if usage:
+            billed = self.metrics.costs.call(turn.chat.model, turn.model_label,
+                                             "recall" if turn.recall_rounds > 0 else "client", usage)
+            turn.billed = billed if turn.billed is None else turn.billed + billed
+            turn.answer_output = billed.output
         if usage and turn.recall_rounds > 0:
             spent = (usage.get("prompt_tokens") or 0) + (usage.get("completion_tokens") or 0)
             self.metrics.tokens_spent_overhead.labels("recall").inc(spent)
@@ -236,6 +241,8 @@ class RecallLoop:
     async def _send(self, request, turn, status, reason, payload, headers, record=False) -> web.StreamResponse:
         headers.update(turn.headers)
         headers["x-palimpsest-recall-calls"] = str(turn.recall_calls)
+        if turn.billed is not None and turn.usage is not None:
+            headers["x-palimpsest-cached-tokens"] = str(turn.billed.cached)
         response = web.Response(status=status, reason=reason, body=payload, headers=headers)
         if record:
             await self.recorder.answer(turn)  # durable before the client has it

@@ -17,6 +17,7 @@ from gateway.chat.request import ChatRequest
 from gateway.chat.views import View
 from gateway.http.errors import GatewayError, UpstreamTimeout
 from gateway.ops.basis import of_turn as request_basis
+from policies.prices import CacheUsage
 from store import call as store_call
 from store.ledger import SessionRef
 
@@ -100,6 +101,8 @@ class Turn:
     recall_rounds: int = 0
     recall_matches: dict[str, str] = field(default_factory=dict)  # this turn's search hits
     recall_refused: bool = False  # the upstream refuses tools for this model: the view goes without recall tools
+    billed: CacheUsage | None = None  # every upstream call of the turn, as the provider billed it
+    answer_output: int = 0  # output tokens of the call that answered the client
     status: int = 502  # what the client was told (the error's status after a failed stream)
     failure: GatewayError | None = None  # a failure told inside an already-started stream
     route: str = ROUTE  # the API the client spoke: chat, responses, messages
@@ -128,7 +131,10 @@ class TurnRecorder:
             self.metrics.store_write_errors.labels("answer").inc()
             return
         self.summaries.after_turn(turn, event)
-        self.turns.add(request_basis(turn, event))  # model, window, budget: what inspect shows (store/turns.py)
+        self.bill(turn)
+        price = self.metrics.costs.price(turn.chat.model)
+        cost = price.cost(turn.billed) if price is not None and turn.billed is not None else None
+        self.turns.add(request_basis(turn, event, cost))  # model, window, budget: what inspect shows (store/turns.py)
         if turn.view.messages is not None:
             self.indexer.schedule(turn.ref.key)  # sessions that hide history will search it
 
@@ -157,8 +163,28 @@ class TurnRecorder:
         self.metrics.upstream_error(kind=kind)
         self.metrics.incomplete_answers.labels(kind).inc()
 
+    def bill(self, turn: Turn) -> None:
+        """Count a plain relay's one upstream call (the recall loop counts each of its own)."""
+        if turn.billed is None and turn.usage:
+            turn.billed = self.metrics.costs.call(turn.chat.model, turn.model_label, "client", turn.usage)
+            turn.answer_output = turn.billed.output
+
+    def direct(self, turn: Turn) -> None:
+        """The request's direct counterfactual: its own prompt, the session's previous one cached."""
+        if turn.billed is None or turn.status != 200:
+            return
+        costs = self.metrics.costs
+        if turn.ref is None or not turn.view.client_tokens:  # forwarded as it came: direct is the same
+            costs.direct(turn.chat.model, turn.model_label, None, [], turn.billed.prompt, turn.billed.output,
+                         cached=turn.billed.cached)
+            return
+        costs.direct(turn.chat.model, turn.model_label, turn.ref.key, turn.chat.ids, turn.view.client_tokens,
+                     turn.answer_output)
+
     def observe(self, turn: Turn) -> None:
         m = self.metrics
+        self.bill(turn)
+        self.direct(turn)
         elapsed = time.perf_counter() - turn.timing.started
         m.requests.labels(turn.route, turn.model_label, str(turn.status)).inc()
         m.request_seconds.labels(turn.route, turn.model_label).observe(elapsed)

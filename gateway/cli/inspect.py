@@ -86,7 +86,7 @@ async def _inspect(args, settings: Settings, inputs: ViewInputs) -> int:
             print(json.dumps({"object": "list", "data": sessions}, indent=2) if args.json else sessions_table(sessions))
             return 0
         # No upstream: windows are the recorded ones, else configuration (never a network call).
-        windows = ConfiguredWindows({k: v.context_window for k, v in settings.models.items()})
+        windows = ConfiguredWindows({k: v.context_window for k, v in settings.models.items() if v.context_window})
         views = ViewBuilder(settings=settings, windows=windows, counter=TokenCounter(), calibration=Calibration(),
                             checkpoints=checkpoints, metrics=None)
         inspector = Inspector.wrap(ledger=ledger, checkpoints=checkpoints, views=views, settings=settings, turns=turns)
@@ -164,7 +164,8 @@ def detail_text(d: dict) -> str:
             out.append(f"  {'':>5} ↳ {kind:<13} {side['tokens']:>6}  {_one_line(side['preview'], width - 8)}")
         turn = turns.get(e["id"])
         if turn:
-            out.append(f"  {'':>5}   request: client {turn['client_tokens']:,} → upstream {turn['upstream_tokens']:,} tokens"
+            cached = "" if turn.get("cached_tokens") is None else f", provider cached {turn['cached_tokens']:,}"
+            out.append(f"  {'':>5}   request: client {turn['client_tokens']:,} → upstream {turn['upstream_tokens']:,} tokens{cached}"
                        f"  ({turn['model']}, window {turn['window']:,}, budget {turn['budget']:,})")
         if e["id"] == boundary:
             out.append(f"  {'':>5}   ==== summary boundary ({basis['checkpoint']}): events above are summarized ====")

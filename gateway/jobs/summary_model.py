@@ -239,6 +239,7 @@ class SummaryModel:
         self.metrics.summary_output_tokens.inc(completion)
         self.metrics.summary_cache_read_tokens.inc((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
         self.metrics.tokens_spent_overhead.labels("summary").inc(prompt + completion)
+        self.metrics.costs.call(body["model"], self.metrics.model_label(body["model"]), "summary", usage)
         return text, prompt + completion
 
 

@@ -12,12 +12,15 @@ from typing import Any
 from store.turns import TurnBasis
 
 
-def of_turn(turn: Any, answer: Any) -> TurnBasis:
+def of_turn(turn: Any, answer: Any, cost_usd: float | None = None) -> TurnBasis:
     """The basis of a ``gateway.chat.turn.Turn`` whose answer was recorded as event `answer`."""
     view = turn.view
+    billed = turn.billed  # what the provider said it cached, over the turn's upstream calls
     return TurnBasis(
         session_key=turn.ref.key, node=turn.chat.ids[-1] if turn.chat.ids else None,
         answer=getattr(answer, "id", None), model=turn.chat.model, window=view.window, budget=view.budget,
         client_tokens=view.client_tokens, upstream_tokens=view.upstream_tokens, checkpoint=view.checkpoint,
-        recall_calls=turn.recall_calls,
+        recall_calls=turn.recall_calls, cached_tokens=billed.cached if billed else None,
+        uncached_tokens=billed.uncached if billed else None, cache_write_tokens=billed.cache_write if billed else None,
+        cost_usd=cost_usd,
     )

@@ -166,6 +166,9 @@ class Inspector:
                 "saved_tokens": client - upstream, "saved_ratio": round(1 - upstream / client, 4) if client else 0.0,
                 "recall_calls": sum(len(s["tool_calls"]) for e in events for s in e["side_events"]),
                 "summary_tokens": sum(cp.summary_tokens for cp in self.checkpoints.list(record.key)),
+                "cached_tokens": sum(t["cached_tokens"] or 0 for t in turns),
+                "cost_usd": (round(sum(t["cost_usd"] for t in turns if t["cost_usd"] is not None), 6)
+                             if any(t["cost_usd"] is not None for t in turns) else None),
             },
         }
 
@@ -190,7 +193,9 @@ class Inspector:
             out.append({"event": basis.node, "seq": path[i].seq, "index": i, "client_tokens": basis.client_tokens,
                         "upstream_tokens": basis.upstream_tokens, "checkpoint": basis.checkpoint,
                         "answered": basis.answer is not None, "model": basis.model, "window": basis.window,
-                        "budget": basis.budget, "recall_calls": basis.recall_calls, "created": basis.created})
+                        "budget": basis.budget, "recall_calls": basis.recall_calls, "created": basis.created,
+                        "cached_tokens": basis.cached_tokens, "uncached_tokens": basis.uncached_tokens,
+                        "cache_write_tokens": basis.cache_write_tokens, "cost_usd": basis.cost_usd})
         return out
 
     async def projected_view(self, record: SessionRecord, head: str | None = None, inputs: ViewInputs | None = None,

@@ -10,6 +10,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from gateway.ops.costs import Costs
+
 MODEL_LABEL_CAP = 50
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
@@ -20,7 +22,7 @@ ROUND_BUCKETS = (0, 1, 2, 3, 4, 5, 8)
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, known_models: list[str] | None = None) -> None:
+    def __init__(self, known_models: list[str] | None = None, prices: dict[str, dict] | None = None) -> None:
         # *_created series double the series count and carry nothing a dashboard uses.
         disable_created_metrics()
         self.registry = r = CollectorRegistry(auto_describe=True)
@@ -81,6 +83,8 @@ class Metrics:
         self.store_sessions = Gauge(p + "store_sessions", "Sessions in the ledger.", registry=r)
         self.ledger_events = Counter(p + "ledger_events_appended_total", "Events appended to the ledger.", ["kind"], registry=r)
         self.store_write_errors = Counter(p + "store_write_errors_total", "Best-effort ledger writes that failed (answer, recall_side_events).", ["what"], registry=r)
+        # Billed tokens and money, by caller, and the direct counterfactual (gateway/ops/costs.py).
+        self.costs = Costs(r, prices)
 
     def model_label(self, model: str | None) -> str:
         if not model:

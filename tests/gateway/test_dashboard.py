@@ -26,7 +26,7 @@ from tests.support.agent import drive
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "palimpsest-dashboard.json"
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
 # Label names a gateway may export: none of them carries a session, tenant or free-form string.
-BOUNDED_LABELS = {"route", "model", "status", "kind", "purpose", "pass", "mode", "reason", "tool", "outcome", "component", "le"}
+BOUNDED_LABELS = {"route", "model", "status", "kind", "purpose", "pass", "mode", "reason", "tool", "outcome", "component", "le", "caller"}
 PROMQL_KEYWORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring", "group_left", "group_right", "inf", "nan"}
 
 
@@ -200,6 +200,7 @@ async def test_label_sets_are_bounded(start_gateway, upstream):
     assert "other" in values["model"] and "fake-32k" in values["model"]
     assert not {f"client-model-{i}" for i in range(MODEL_LABEL_CAP + 2, MODEL_LABEL_CAP + extra)} & values["model"]
     assert values["route"] <= {"chat", "passthrough"}
+    assert values["caller"] <= {"client", "recall", "summary"}
     assert all(re.fullmatch(r"\d{3}", status) for status in values["status"])
     # Sessions never become labels: none of the 65 session ids appears anywhere in the output.
     assert "s-client-model" not in text

@@ -436,9 +436,63 @@ async def test_cached_tokens_follow_the_shared_message_prefix(client):
     second = await client.chat.completions.create(model="fake-32k", messages=history)
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached >= 1024 and cached % 128 == 0 and cached < second.usage.prompt_tokens
+    # The system prompt alone is ~1,500 tokens: everything after it is new, so the cached
+    # prefix ends within 128 tokens of the first request's length.
+    assert first.usage.prompt_tokens - 128 <= cached <= first.usage.prompt_tokens
     other = await client.chat.completions.create(
         model="fake-32k", messages=[{"role": "system", "content": "changed"}, *history[1:]])
     assert other.usage.prompt_tokens_details.cached_tokens == 0
+
+
+async def test_cached_prefix_is_token_level_inside_one_message(client):
+    base = "word " * 3000
+    await client.chat.completions.create(model="fake-32k", messages=[user(base + "tail one")])
+    again = await client.chat.completions.create(model="fake-32k", messages=[user(base + "other end")])
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert again.usage.prompt_tokens - 256 <= cached < again.usage.prompt_tokens and cached % 128 == 0
+
+
+async def test_cache_serves_any_earlier_request_not_only_the_previous(client):
+    a = [{"role": "system", "content": "alpha " * 2000}, user("q")]
+    b = [{"role": "system", "content": "beta " * 2000}, user("q")]
+    await client.chat.completions.create(model="fake-32k", messages=a)
+    await client.chat.completions.create(model="fake-32k", messages=b)
+    back = await client.chat.completions.create(model="fake-32k", messages=[*a[:1], user("other")])
+    assert back.usage.prompt_tokens_details.cached_tokens >= 1024
+    # The cache is per model.
+    elsewhere = await client.chat.completions.create(model="fake-8k", messages=a)
+    assert elsewhere.usage.prompt_tokens_details.cached_tokens == 0
+
+
+async def test_tools_come_first_in_the_cached_prefix(client):
+    history = [{"role": "system", "content": "rules " * 1500}, user("q")]
+    await client.chat.completions.create(model="fake-32k", messages=history, tools=[READ_TOOL])
+    same = await client.chat.completions.create(model="fake-32k", messages=history, tools=[READ_TOOL])
+    assert same.usage.prompt_tokens_details.cached_tokens >= 1024
+    changed = await client.chat.completions.create(model="fake-32k", messages=history,
+                                                   tools=[READ_TOOL, SEARCH_TOOL])
+    assert changed.usage.prompt_tokens_details.cached_tokens == 0
+
+
+async def test_nothing_under_1024_tokens_is_cached(client):
+    short = [user("word " * 900)]
+    await client.chat.completions.create(model="fake-32k", messages=short)
+    again = await client.chat.completions.create(model="fake-32k", messages=short)
+    assert again.usage.prompt_tokens < 1024 + 128
+    assert again.usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_cached_blocks_expire_after_the_cache_lifetime():
+    from simulator.cache import PromptCache
+
+    now = [0.0]
+    cache = PromptCache(ttl_s=300, clock=lambda: now[0])
+    body = {"messages": [user("word " * 3000)]}
+    assert cache.serve("m", body) == 0
+    now[0] = 200
+    assert cache.serve("m", body) >= 2048
+    now[0] = 200 + 301
+    assert cache.serve("m", body) == 0
 
 
 # --- other endpoints -------------------------------------------------------------------------
