@@ -52,8 +52,9 @@ class SummaryBlock(dict):
 
 
 def is_summary_block(message: dict) -> bool:
-    """True for the summary block ``project_view`` inserted (either injection mode)."""
-    return isinstance(message, SummaryBlock)
+    """True for the user message ``project_view`` inserts in "user" injection mode (in "system"
+    mode the block is one of the leading instructions, which tailoring keeps anyway)."""
+    return isinstance(message, SummaryBlock) and message.get("role") == "user"
 
 
 def project_view(
