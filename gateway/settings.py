@@ -154,9 +154,10 @@ class RecallSettings(_Section):
     auto_tokens: int = Field(
         600, ge=0, le=8000, description="Proactive recall: tokens of hidden history, found with a fresh user message, added to the view (0 = off)."
     )
-    auto_placement: Literal["system", "user"] = Field(
-        "user", description="Where the proactive recall block goes: 'user', the start of the newest user message (recalled "
-        "text never carries the system role's authority); 'system', a message of its own before it."
+    auto_placement: Literal["message", "user", "system"] = Field(
+        "message", description="Where the proactive recall block goes: 'message', a user message of its own before the newest "
+        "user message (recalled text never carries the system role's authority); 'user', the start of that message (for chat "
+        "templates that require turns to alternate); 'system', a system message of its own before it."
     )
     auto_timeout_s: float = Field(
         5.0, gt=0, description="Longest a request waits for its proactive recall search; past it the request goes on "

@@ -69,7 +69,7 @@ def with_text(message: dict, text: str) -> dict:
     Non-text parts (images, audio) are kept after the text so a truncated multimodal message
     still carries its attachments.
     """
-    copy = dict(message)
+    copy = type(message)(message)  # a gateway block stays one (policies.projection.SummaryBlock)
     content = message.get("content")
     if isinstance(content, list):
         others = [p for p in content if isinstance(p, dict) and p.get("type", "text") not in TEXT_PART_TYPES]

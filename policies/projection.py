@@ -45,10 +45,16 @@ def render_summary_block(summary: str | None, state: dict | None, common_values_
     return "\n\n".join(parts)
 
 
+class SummaryBlock(dict):
+    """The message holding the summary block, as ``project_view`` made it. It is told apart by
+    its type, never by its text: a client message that starts with ``<session_summary>`` is
+    conversation like any other (tailoring may drop it), and a client cannot make one of these."""
+
+
 def is_summary_block(message: dict) -> bool:
-    """True for the user message ``project_view`` inserts in "user" injection mode."""
-    content = message.get("content")
-    return message.get("role") == "user" and isinstance(content, str) and content.startswith(SUMMARY_OPEN)
+    """True for the user message ``project_view`` inserts in "user" injection mode (in "system"
+    mode the block is one of the leading instructions, which tailoring keeps anyway)."""
+    return isinstance(message, SummaryBlock) and message.get("role") == "user"
 
 
 def project_view(
@@ -68,9 +74,9 @@ def project_view(
     if not summary_block:
         return [*system_messages, *tail]
     if injection == "system":
-        return [*system_messages, {"role": "system", "content": summary_block}, *tail]
+        return [*system_messages, SummaryBlock(role="system", content=summary_block), *tail]
     if injection == "user":
         at = next((i for i, m in enumerate(tail) if m.get("role") == "user"), 0)
-        block = {"role": "user", "content": summary_block}
+        block = SummaryBlock(role="user", content=summary_block)
         return [*system_messages, *tail[:at], block, *tail[at:]]
     raise ValueError(f"Policy 'injection' has value {injection!r}. Must be 'system' or 'user'.")

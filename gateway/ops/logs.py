@@ -2,6 +2,10 @@
 
 ``x-request-id`` is accepted from the client (or generated) and echoed back, so a client's
 log line and ours can be joined.
+
+Values a client chose (the decoded path, the session id) are logged escaped: in text format a
+control character, line break or space cannot end a line or start a forged ``key=value`` (a
+value holding any of them is written as a JSON string), and the JSON format escapes them itself.
 """
 
 from __future__ import annotations
@@ -19,6 +23,20 @@ from gateway.keys import LOG_FIELDS, METRICS, MODEL, REQUEST_ID, SESSION, TENANT
 
 access = logging.getLogger("palimpsest.access")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+# What must not appear raw in a text log line: C0/C1 controls, DEL, Unicode line breaks.
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_NEEDS_QUOTES = re.compile(r"[\s\"=\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def escaped(text: str) -> str:
+    """`text` with every control character and line break written as an escape."""
+    return _UNSAFE.sub(lambda m: json.dumps(m.group())[1:-1], text)
+
+
+def field_value(value) -> str:
+    """A `key=value` value that stays one token on one line."""
+    text = str(value)
+    return escaped(json.dumps(text, ensure_ascii=False)) if _NEEDS_QUOTES.search(text) else text
 
 
 class JsonFormatter(logging.Formatter):
@@ -33,11 +51,15 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escaped(record.message)  # a logged path may carry %0a; tracebacks keep their lines
+        return super().formatMessage(record)
+
     def format(self, record: logging.LogRecord) -> str:
         base = super().format(record)
         fields = getattr(record, "fields", None)
         if fields:
-            base += " " + " ".join(f"{k}={v}" for k, v in fields.items())
+            base += " " + " ".join(f"{k}={field_value(v)}" for k, v in fields.items())
         return base
 
 

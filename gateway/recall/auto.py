@@ -4,10 +4,11 @@ When the view hides part of the conversation, a model that never thinks of calli
 `session_search` answers from the summary alone. With `recall.auto_tokens` > 0 the gateway
 itself searches the hidden part of the request's path with the newest user message and adds
 the best passages to the view, as one fenced block placed just before that message (the
-prefix before it stays byte-stable for provider prompt caches): by default the start of that
-user message (``recall.auto_placement = "user"``: recalled text never speaks with the system
-role's authority, and chat templates that require turns to alternate accept it), or with
-``"system"`` a system message of its own. The block says it is historical data, not
+prefix before it stays byte-stable for provider prompt caches). By default it is a user message
+of its own (``recall.auto_placement = "message"``): recalled text never speaks with the system
+role's authority, and the client's newest message stays as it was. ``"user"`` puts it at the
+start of that user message instead (chat templates that require turns to alternate), and
+``"system"`` makes it a system message of its own. The block says it is historical data, not
 instructions, and carries each passage as one JSON object per line: a passage cannot start a
 line of its own ("SYSTEM: ..."), and any fence tag inside one (``</recalled_history >``,
 ``<RECALLED_HISTORY>``, whatever the case and spacing) is defused. It costs no upstream call; it must fit the window, so the
@@ -126,7 +127,7 @@ async def add_recalled_history(tools: RecallTools, views, turn) -> None:
     if tools.auto_placement == "user" and at < len(messages):
         messages[at] = with_block(messages[at], block)
     else:
-        messages.insert(at, {"role": "system", "content": block})
+        messages.insert(at, {"role": "system" if tools.auto_placement == "system" else "user", "content": block})
     fitted = views.refit(chat, messages, view.tools, view.budget)
     if fitted is not None and any(_has_block(m) for m in fitted):
         view.messages = fitted

@@ -65,7 +65,7 @@ def _iso(ts: float) -> str:
 
 class RecallTools:
     def __init__(self, ledger: Ledger, indexer: Indexer, metrics, default_limit: int = 5, *,
-                 passage_tokens: int = 600, auto_tokens: int = 0, auto_placement: str = "user",
+                 passage_tokens: int = 600, auto_tokens: int = 0, auto_placement: str = "message",
                  auto_timeout_s: float = 5.0) -> None:
         self.ledger = ledger
         self.indexer = indexer
@@ -73,7 +73,7 @@ class RecallTools:
         self.default_limit = default_limit
         self.passage_tokens = passage_tokens
         self.auto_tokens = auto_tokens  # proactive recall budget (gateway/recall/auto.py); 0 = off
-        self.auto_placement = auto_placement  # "system": a message of its own; "user": in the user message
+        self.auto_placement = auto_placement  # "message"/"system": a user/system message of its own; "user": in the user message
         self.auto_timeout_s = auto_timeout_s  # proactive recall goes without its block past this
         # Session key -> its proactive search that outlived its request (at most one per
         # session: later ones are skipped while it runs).
