@@ -188,9 +188,10 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     )
     app[PIPELINE] = pipeline
     response_ids = ResponseIds(settings.store.path)
+    pipeline_parts = dict(settings=settings, upstream=upstream, ledger=ledger, identity=app[IDENTITY], metrics=metrics,
+                          views=views, recorder=recorder)
     responses = ResponsesPipeline(
-        settings=settings, upstream=upstream, ledger=ledger, identity=app[IDENTITY], metrics=metrics, views=views,
-        recorder=recorder, response_ids=response_ids,
+        **pipeline_parts, response_ids=response_ids,
         compactor=Compactor(ledger=ledger, checkpoints=checkpoints, summarizer=summarizer, views=views,
                             secret=response_ids.secret()),
     )

@@ -12,24 +12,22 @@ model the Responses adapter parses (``gateway/formats/responses.py``):
 5. forward (the client's bytes when the view is unchanged); resolve recall calls in the loop,
 6. record the answer (the output items the client saw) and remember the response id.
 
+The shared steps are ``WirePipeline``'s (``gateway/formats/pipeline.py``). A
+``compaction_trigger`` and ``POST /v1/responses/compact`` are answered from the gateway's own
+checkpoint (``gateway/responses/compaction.py``).
 """
 
 from __future__ import annotations
 
-import time
-
 import orjson
 from aiohttp import web
 
-from gateway.chat import offload
-from gateway.chat.turn import Timing, Turn, TurnRecorder, clean_usage
-from gateway.chat.views import View, ViewBuilder
+from gateway.chat.turn import Turn, clean_usage
 from gateway.formats import responses as fmt
-from gateway.http.errors import BadRequest, GatewayError, NotFound, UpstreamIncomplete
-from gateway.http.identity import Identity
-from gateway.http.sse import SSEDecoder
-from gateway.http.upstream import Upstream, response_headers
-from gateway.keys import LOG_FIELDS, MODEL, REQUEST_ID, SESSION, TENANT, UPSTREAM_KEY
+from gateway.formats.pipeline import StreamWatch, WirePipeline
+from gateway.http.errors import BadRequest, GatewayError, NotFound
+from gateway.http.upstream import response_headers
+from gateway.keys import REQUEST_ID, UPSTREAM_KEY
 from gateway.responses.chat_upstream import ChatUpstream
 from gateway.responses.stream import TERMINAL, encode
 from store import call as store_call
@@ -72,28 +70,28 @@ def parse_and_hash(raw: bytes):
     return chat, path_ids(chat.history) if chat.history else []
 
 
-class ResponsesPipeline:
-    def __init__(self, *, settings, upstream: Upstream, ledger, identity: Identity, metrics, views: ViewBuilder,
-                 recorder: TurnRecorder, response_ids: ResponseIds, compactor, loop=None) -> None:
-        self.settings = settings
-        self.upstream = upstream
-        self.ledger = ledger
-        self.identity = identity
-        self.metrics = metrics
-        self.views = views
-        self.recorder = recorder
+class ResponsesWatch(StreamWatch):
+    """A relayed Responses stream: its terminal event's response is the answer."""
+
+    def feed(self, event: dict) -> None:
+        if event.get("type") in TERMINAL and isinstance(event.get("response"), dict):
+            self.final = event["response"]
+
+
+class ResponsesPipeline(WirePipeline):
+    route = ROUTE
+    path = PATH
+
+    def __init__(self, *, response_ids: ResponseIds, compactor, **parts) -> None:
+        super().__init__(**parts)
         self.response_ids = response_ids
         self.compactor = compactor  # gateway/responses/compaction.py
-        self.loop = loop  # ResponsesRecallLoop, set by the composition root (it records through `record`)
-        self._drop = frozenset({settings.session.header.lower()})
+
+    def parse_and_hash(self, raw: bytes):
+        return parse_and_hash(raw)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        timing = Timing()
-        tenant = self.identity.tenant(request)
-        raw = await request.read()
-        chat, ids = (parse_and_hash(raw) if not offload.is_big(raw) else await _off_loop(raw))
-        request[MODEL] = model_label = self.metrics.model_label(chat.model)
-        request[TENANT] = tenant
+        timing, tenant, chat, ids = await self.start(request)
         ref, prefix = await self._continued(request, chat, tenant)
         if prefix:
             chat.history = [*prefix, *chat.history]
@@ -109,42 +107,15 @@ class ResponsesPipeline:
             except LookupError:
                 raise BadRequest("The compaction item in 'input' was not made for this conversation.", param="input") from None
             ids = path_ids(chat.history)
-        if ref is not None and ids:
-            synced = await store_call(self.ledger.sync, ref, chat.history, ids, chat.model)
-            chat.ids = synced.ids
-            if synced.added:
-                self.metrics.ledger_events.labels("message").inc(synced.added)
-            request[SESSION] = ref.key
-        auth = {h: v for h in ("Authorization", "api-key") if (v := request.headers.get(h))} or None
+        await self.sync(request, chat, ids, ref)
+        auth = self.auth(request)
         if chat.compact and ref is not None and ids:
             item = await self._compact(chat, ref, auth)
             return await self.compactor.answer_trigger(request, chat, item, {"x-request-id": request.get(REQUEST_ID, "")})
-        view = await offload.build_view(self.views, chat, ref, auth) if ref is not None and ids else View()
+        view = await self.view(chat, ref, auth)
         if rewritten and view.messages is None:
             view.messages = [*chat.instructions, *chat.history]
-        turn = Turn(chat, ref, model_label, timing, view, auth=auth, route=ROUTE)
-        turn.headers["x-request-id"] = request.get(REQUEST_ID, "")
-        if ref is not None:
-            turn.headers["x-palimpsest-session"] = ref.session_id
-            turn.headers["x-palimpsest-prompt-tokens-client"] = str(view.client_tokens)
-            turn.headers["x-palimpsest-prompt-tokens-upstream"] = str(view.upstream_tokens)
-            if view.checkpoint:
-                turn.headers["x-palimpsest-checkpoint"] = view.checkpoint
-        try:
-            if view.recall_names is not None:
-                response = await self.loop.respond(request, turn)
-            else:
-                response = await self._relay(request, turn)
-            if turn.failure is None:
-                turn.status = response.status
-            return response
-        except GatewayError as exc:
-            turn.status = exc.status
-            raise
-        finally:
-            self.recorder.observe(turn)
-            request[LOG_FIELDS] = {"tokens_client": view.client_tokens, "tokens_upstream": view.upstream_tokens,
-                                   "upstream_ms": round(timing.upstream * 1000, 2), "recall_calls": turn.recall_calls}
+        return await self.serve(request, self.turn(request, chat, ref, timing, view, auth))
 
     async def _continued(self, request: web.Request, chat, tenant: str) -> tuple[SessionRef | None, list[dict]]:
         """A ``previous_response_id`` the gateway recorded: its session and the chain before it
@@ -195,19 +166,17 @@ class ResponsesPipeline:
 
     async def compact_route(self, request: web.Request) -> web.StreamResponse:
         """``POST /v1/responses/compact``: answered from the gateway's checkpoint for a request
-        with a session; without one, the provider's own endpoint (pass-through)."""
-        from gateway.http.proxy import passthrough
-
-        tenant = self.identity.tenant(request)
-        raw = await request.read()
-        chat, ids = parse_and_hash(raw)
+        with a session; without one, by the provider's own endpoint (it stores nothing)."""
+        _, tenant, chat, ids = await self.start(request)
         ref = self.identity.session(request, tenant, ids[0] if ids else None)
         if ref is None or not ids:
-            return await passthrough(request)
-        synced = await store_call(self.ledger.sync, ref, chat.history, ids, chat.model)
-        chat.ids = synced.ids
-        auth = {h: v for h in ("Authorization", "api-key") if (v := request.headers.get(h))} or None
-        item = await self._compact(chat, ref, auth)
+            async with self.upstream.post(PATH + "/compact", request.headers, chat.raw, drop=self._drop,
+                                          tenant_key=request.get(UPSTREAM_KEY, "")) as up:
+                payload = await self.upstream.reader(up).read()
+                return web.Response(status=up.status, reason=up.reason, body=payload,
+                                    headers=response_headers(up.headers, decoded=True))
+        await self.sync(request, chat, ids, ref)
+        item = await self._compact(chat, ref, self.auth(request))
         return web.json_response(self.compactor.compacted(chat, item), headers={"x-request-id": request.get(REQUEST_ID, "")})
 
     # -- forwarding --------------------------------------------------------------------------
@@ -220,80 +189,16 @@ class ResponsesPipeline:
             return ChatUpstream(self.upstream)
         return self.upstream
 
-    def body(self, turn: Turn) -> bytes:
-        if turn.view.messages is None:
-            return turn.chat.raw
+    def render(self, turn: Turn) -> bytes:
         return orjson.dumps(fmt.render_body(turn.chat, turn.view.messages, turn.view.tools))
 
-    async def _relay(self, request: web.Request, turn: Turn) -> web.StreamResponse:
-        t0 = time.perf_counter()
-        response: web.StreamResponse | None = None
-        transport = self.transport(turn.chat.model)
-        try:
-            async with transport.post(PATH, request.headers, self.body(turn), drop=self._drop,
-                                      tenant_key=request.get(UPSTREAM_KEY, "")) as up:
-                turn.timing.waiting(t0)
-                reader = transport.reader(up)
-                headers = response_headers(up.headers, decoded=True)
-                headers.update(turn.headers)
-                if up.status != 200 or "text/event-stream" not in up.headers.get("Content-Type", ""):
-                    if up.status != 200:
-                        self.metrics.upstream_error(up.status)
-                    t0 = time.perf_counter()
-                    payload = await reader.read()
-                    turn.timing.waiting(t0)
-                    if up.status == 200:
-                        self._learn(turn, payload)
-                    response = web.Response(status=up.status, reason=up.reason, body=payload, headers=headers)
-                    await self.record(turn, request.get(TENANT))
-                    await response.prepare(request)
-                    await response.write_eof()
-                    return response
-                response = web.StreamResponse(status=200, reason=up.reason, headers=headers)
-                await response.prepare(request)
-                terminal = await self._pump(reader, response, turn)
-                if terminal is None:
-                    raise UpstreamIncomplete("The upstream's stream ended before the response was complete.")
-                self._learn_response(turn, terminal.get("response"))
-                await self.record(turn, request.get(TENANT))
-                await response.write_eof()
-        except GatewayError as exc:
-            if response is None or not response.prepared:
-                raise
-            self.recorder.failed_in_stream(turn, exc)
-            await end_stream_with_error(response, exc)
-        return response
+    def watch(self) -> StreamWatch:
+        return ResponsesWatch()
 
-    async def _pump(self, reader, response: web.StreamResponse, turn: Turn) -> dict | None:
-        """Relay the upstream's bytes as they come; the terminal event, read on the side."""
-        decoder, terminal = SSEDecoder(), None
-        while True:
-            t0 = time.perf_counter()
-            chunk = await reader.chunk()
-            turn.timing.waiting(t0)
-            if not chunk:
-                return terminal
-            await response.write(chunk)
-            for data in decoder.feed(chunk):
-                if '"response.' not in data[:200] and '"error"' not in data[:200]:
-                    continue
-                try:
-                    event = orjson.loads(data)
-                except orjson.JSONDecodeError:
-                    continue
-                if isinstance(event, dict) and event.get("type") in TERMINAL:
-                    terminal = event
+    async def end_stream(self, response: web.StreamResponse, error: GatewayError) -> None:
+        await end_stream_with_error(response, error)
 
-    def _learn(self, turn: Turn, payload: bytes) -> None:
-        try:
-            data = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            return
-        self._learn_response(turn, data)
-
-    def _learn_response(self, turn: Turn, data) -> None:
-        if not isinstance(data, dict):
-            return
+    def learn(self, turn: Turn, data: dict) -> None:
         turn.usage = chat_usage(data.get("usage"))
         answer = answer_of(data, turn.view.recall_names)
         if answer is not None:
@@ -341,9 +246,3 @@ async def end_stream_with_error(response: web.StreamResponse, error: GatewayErro
     with contextlib.suppress(ConnectionError, RuntimeError):
         await response.write(encode({"type": "error", "code": code, "message": error.message, "param": error.param}))
         await response.write_eof()
-
-
-async def _off_loop(raw: bytes):
-    import asyncio
-
-    return await asyncio.to_thread(parse_and_hash, raw)

@@ -1,0 +1,232 @@
+"""The request steps every wire format's pipeline shares (docs/architecture.md, "Wire formats").
+
+``WirePipeline`` runs one request of an adapter's API on the neutral model: the ledger sync
+(durable before the upstream call), the view (shared ``ViewBuilder``), the turn's headers, the
+choice between the recall loop and the plain relay, and what is observed and logged at the end.
+The plain relay forwards the client's bytes when the view is unchanged (else the rendered view),
+streams the upstream's bytes to the client as they come and reads the stream on the side
+(``StreamWatch``) for the answer to record. A subclass names its route and path and supplies
+what is its format's own: parsing, rendering, reading an answer, the stream watcher and how a
+started stream ends with an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import orjson
+from aiohttp import web
+
+from gateway.chat import offload
+from gateway.chat.turn import Timing, Turn, TurnRecorder
+from gateway.chat.views import View, ViewBuilder
+from gateway.http.errors import GatewayError, UpstreamIncomplete
+from gateway.http.identity import Identity
+from gateway.http.sse import SSEDecoder
+from gateway.http.upstream import Upstream, response_headers
+from gateway.keys import LOG_FIELDS, MODEL, REQUEST_ID, SESSION, TENANT, UPSTREAM_KEY
+from store import call as store_call
+from store.ledger import SessionRef
+
+
+class StreamWatch:
+    """Reads a relayed stream's events on the side: ``feed`` each one (it may raise the
+    provider's error event as a GatewayError); ``final`` is the complete answer once the stream
+    says it is complete, else None."""
+
+    final: dict | None = None
+
+    def feed(self, event: dict) -> None:
+        raise NotImplementedError
+
+
+class WirePipeline:
+    route = "chat"
+    path = "/v1/chat/completions"
+    credentials: tuple[str, ...] = ("Authorization", "api-key")
+
+    def __init__(self, *, settings, upstream: Upstream, ledger, identity: Identity, metrics, views: ViewBuilder,
+                 recorder: TurnRecorder, loop=None) -> None:
+        self.settings = settings
+        self.upstream = upstream
+        self.ledger = ledger
+        self.identity = identity
+        self.metrics = metrics
+        self.views = views
+        self.recorder = recorder
+        self.loop = loop  # the format's RecallLoop, set by the composition root
+        self._drop = frozenset({settings.session.header.lower()})
+
+    # -- the format's own ---------------------------------------------------------------------
+
+    def parse_and_hash(self, raw: bytes):
+        """(ChatRequest, path ids) of a body; 400 in the format's envelope on what cannot be routed."""
+        raise NotImplementedError
+
+    def render(self, turn: Turn) -> bytes:
+        """The upstream body for a turn whose view changed the conversation."""
+        raise NotImplementedError
+
+    def learn(self, turn: Turn, data: dict) -> None:
+        """Take the answer (and usage) to record from a complete answer object."""
+        raise NotImplementedError
+
+    def watch(self) -> StreamWatch:
+        raise NotImplementedError
+
+    async def end_stream(self, response: web.StreamResponse, error: GatewayError) -> None:
+        """Tell `error` as the last event of a started stream and close the connection."""
+        raise NotImplementedError
+
+    def upstream_path(self, request: web.Request) -> str:
+        return self.path
+
+    def transport(self, model: str):
+        """The upstream client for `model` (``post`` and ``reader``)."""
+        return self.upstream
+
+    async def record(self, turn: Turn, tenant: str | None = None) -> None:
+        await self.recorder.answer(turn)
+
+    # -- shared steps --------------------------------------------------------------------------
+
+    async def parsed(self, raw: bytes):
+        if not offload.is_big(raw):
+            return self.parse_and_hash(raw)
+        return await asyncio.to_thread(self.parse_and_hash, raw)
+
+    def auth(self, request: web.Request) -> dict[str, str] | None:
+        """The client's credential headers, kept in memory for the gateway's own calls."""
+        return {h: v for h in self.credentials if (v := request.headers.get(h))} or None
+
+    async def sync(self, request: web.Request, chat, ids: list[str], ref: SessionRef | None) -> None:
+        """The conversation into the ledger, before anything goes upstream."""
+        if ref is None or not ids:
+            return
+        synced = await store_call(self.ledger.sync, ref, chat.history, ids, chat.model)
+        chat.ids = synced.ids
+        if synced.added:
+            self.metrics.ledger_events.labels("message").inc(synced.added)
+        request[SESSION] = ref.key
+
+    async def view(self, chat, ref: SessionRef | None, auth) -> View:
+        return await offload.build_view(self.views, chat, ref, auth) if ref is not None and chat.ids else View()
+
+    def turn(self, request: web.Request, chat, ref: SessionRef | None, timing: Timing, view: View, auth) -> Turn:
+        turn = Turn(chat, ref, request[MODEL], timing, view, auth=auth, route=self.route)
+        turn.headers["x-request-id"] = request.get(REQUEST_ID, "")
+        if ref is not None:
+            turn.headers["x-palimpsest-session"] = ref.session_id
+            turn.headers["x-palimpsest-prompt-tokens-client"] = str(view.client_tokens)
+            turn.headers["x-palimpsest-prompt-tokens-upstream"] = str(view.upstream_tokens)
+            if view.checkpoint:
+                turn.headers["x-palimpsest-checkpoint"] = view.checkpoint
+        return turn
+
+    async def start(self, request: web.Request):
+        """(timing, tenant, chat, ids): the first steps of every request."""
+        timing = Timing()
+        tenant = self.identity.tenant(request)  # 401 here for a missing/unknown client key
+        chat, ids = await self.parsed(await request.read())
+        request[MODEL] = self.metrics.model_label(chat.model)
+        request[TENANT] = tenant
+        return timing, tenant, chat, ids
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        timing, tenant, chat, ids = await self.start(request)
+        ref = self.identity.session(request, tenant, ids[0] if ids else None)
+        await self.sync(request, chat, ids, ref)
+        auth = self.auth(request)
+        view = await self.view(chat, ref, auth)
+        return await self.serve(request, self.turn(request, chat, ref, timing, view, auth))
+
+    async def serve(self, request: web.Request, turn: Turn) -> web.StreamResponse:
+        """The recall loop when the view carries recall tools, else the plain relay; observed
+        and logged whatever happens."""
+        try:
+            if turn.view.recall_names is not None:
+                response = await self.loop.respond(request, turn)
+            else:
+                response = await self.relay(request, turn)
+            if turn.failure is None:
+                turn.status = response.status
+            return response
+        except GatewayError as exc:
+            turn.status = exc.status  # rendered (and counted by kind) by the error middleware
+            raise
+        finally:
+            self.recorder.observe(turn)
+            view = turn.view
+            request[LOG_FIELDS] = {"tokens_client": view.client_tokens, "tokens_upstream": view.upstream_tokens,
+                                   "upstream_ms": round(turn.timing.upstream * 1000, 2), "recall_calls": turn.recall_calls}
+
+    # -- the plain relay -----------------------------------------------------------------------
+
+    def body(self, turn: Turn) -> bytes:
+        return turn.chat.raw if turn.view.messages is None else self.render(turn)
+
+    async def relay(self, request: web.Request, turn: Turn) -> web.StreamResponse:
+        t0 = time.perf_counter()
+        response: web.StreamResponse | None = None
+        transport = self.transport(turn.chat.model)
+        try:
+            async with transport.post(self.upstream_path(request), request.headers, self.body(turn), drop=self._drop,
+                                      tenant_key=request.get(UPSTREAM_KEY, "")) as up:
+                turn.timing.waiting(t0)
+                reader = transport.reader(up)
+                headers = response_headers(up.headers, decoded=True)
+                headers.update(turn.headers)
+                if up.status != 200 or "text/event-stream" not in up.headers.get("Content-Type", ""):
+                    if up.status != 200:
+                        self.metrics.upstream_error(up.status)
+                    t0 = time.perf_counter()
+                    payload = await reader.read()
+                    turn.timing.waiting(t0)
+                    if up.status == 200:
+                        self._learn_payload(turn, payload)
+                    response = web.Response(status=up.status, reason=up.reason, body=payload, headers=headers)
+                    await self.record(turn, request.get(TENANT))  # durable before the client has it
+                    await response.prepare(request)
+                    await response.write_eof()
+                    return response
+                response = web.StreamResponse(status=200, reason=up.reason, headers=headers)
+                await response.prepare(request)
+                watch = await self._pump(reader, response, turn)
+                if watch.final is None:
+                    raise UpstreamIncomplete("The upstream's stream ended before the answer was complete.")
+                self.learn(turn, watch.final)
+                await self.record(turn, request.get(TENANT))  # durable before the stream ends
+                await response.write_eof()
+        except GatewayError as exc:
+            if response is None or not response.prepared:
+                raise
+            self.recorder.failed_in_stream(turn, exc)
+            await self.end_stream(response, exc)
+        return response
+
+    async def _pump(self, reader, response: web.StreamResponse, turn: Turn) -> StreamWatch:
+        """Relay the upstream's bytes as they come; the answer read on the side."""
+        decoder, watch = SSEDecoder(), self.watch()
+        while True:
+            t0 = time.perf_counter()
+            chunk = await reader.chunk()
+            turn.timing.waiting(t0)
+            if not chunk:
+                return watch
+            await response.write(chunk)
+            for data in decoder.feed(chunk):
+                try:
+                    event = orjson.loads(data)
+                except orjson.JSONDecodeError:
+                    continue
+                if isinstance(event, dict):
+                    watch.feed(event)
+
+    def _learn_payload(self, turn: Turn, payload: bytes) -> None:
+        try:
+            data = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return
+        if isinstance(data, dict):
+            self.learn(turn, data)
