@@ -667,10 +667,10 @@ async def test_summary_follows_the_word_limit_the_instruction_names(client, limi
 
 async def test_a_route_it_does_not_serve_is_a_404_in_the_envelope(puppet, client):
     async with aiohttp.ClientSession() as http:
-        async with http.post(f"{puppet[1]}/responses", json={"model": "fake-32k", "input": "hi"}) as response:
+        async with http.post(f"{puppet[1]}/batches", json={"input_file_id": "file-1"}) as response:
             assert response.status == 404
             error = (await response.json())["error"]
     assert error["type"] == "invalid_request_error" and error["code"] == "not_found"
-    assert error["message"].startswith("Invalid URL (POST /v1/responses)")
+    assert error["message"].startswith("Invalid URL (POST /v1/batches)")
     with pytest.raises(openai.NotFoundError):  # what a client then raises: not a parse error of an echo
-        await client.responses.create(model="fake-32k", input="hi")
+        await client.batches.create(input_file_id="file-1", endpoint="/v1/chat/completions", completion_window="24h")
