@@ -17,7 +17,7 @@ from gateway.keys import LEDGER
 from simulator.puppet import RECEIVED
 from simulator.workloads import agent_loop_session
 from tests.gateway.test_agent_loops import assert_valid_and_fits, forwarded, is_placeholder
-from tests.support.agent import drive_responses_loop, responses_turn, settle
+from tests.support.agent import RESPONSES_TOOLS, drive_responses_loop, responses_turn, settle
 
 WINDOW = 32_000
 PLACEHOLDER = "[Tool result compacted by the gateway]"
@@ -98,3 +98,19 @@ async def test_recall_is_resolved_by_the_gateway(start_gateway, upstream, api):
         assert response.usage.input_tokens > 0
     if api == "responses":
         assert_responses_valid(upstream, responses_bodies(upstream))
+
+
+async def test_a_chat_only_upstream_is_told_what_it_cannot_take(start_gateway, upstream):
+    gw = await start_gateway(**gateway_config("chat"))
+    c = client(gw, "dropped")
+    items = [{"type": "message", "role": "user", "content": "[[call read_file {\"target\": \"/srv/a.py\"}]]"},
+             {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "from-another-provider"},
+             {"type": "function_call", "call_id": "c1", "name": "read_file", "arguments": "{\"target\": \"/srv/a.py\"}"},
+             {"type": "function_call_output", "call_id": "c1", "output": "print('hi')"}]
+    raw = await c.responses.with_raw_response.create(model="fake-32k", input=items, store=False,
+                                                      tools=[*RESPONSES_TOOLS, {"type": "web_search"}])
+    assert raw.headers["x-palimpsest-dropped"] == "reasoning=1, tool=1"
+    assert raw.parse().output_text.startswith("Tool read_file returned")
+    body = forwarded(upstream)[-1]
+    assert [m["role"] for m in body["messages"]] == ["user", "assistant", "tool"]
+    assert "from-another-provider" not in str(body)
