@@ -52,6 +52,7 @@ class Target:
     base_url: str  # ends in /v1
     proc: subprocess.Popen | None = None
     api_key: str = API_KEY  # what the load generator sends as its bearer token
+    api: str = "chat"  # the route measured (--api)
     version: str = ""
     note: str = ""
     latencies: list[float] = field(default_factory=list)  # seconds, phase 1, by round
@@ -241,6 +242,31 @@ def chat_body(i: int) -> bytes:
     }).encode()
 
 
+def responses_body(i: int) -> bytes:
+    """The same exchange as `chat_body` over the Responses API, as Codex sends it (store false)."""
+    return json.dumps({
+        "model": MODEL, "max_output_tokens": 64, "store": False,
+        "instructions": "You are a concise assistant for a logistics team.",
+        "input": [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": f"Shipment {i} left Rotterdam on Monday. Where is it now?"}]},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "It is in transit; the last scan was in Hamburg."}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": f"Thanks. Draft a one-line update for ticket T-{i}."}]},
+        ],
+    }).encode()
+
+
+# --api: which route phase 1 and 2 send to (both answered by the puppet).
+API = {"chat": ("/chat/completions", chat_body), "responses": ("/responses", responses_body)}
+
+
+def answer_text(payload: bytes) -> str:
+    data = json.loads(payload)
+    if "choices" in data:
+        return data["choices"][0]["message"]["content"]
+    return "".join(part.get("text", "") for item in data.get("output", []) if item.get("type") == "message"
+                   for part in item.get("content", []))
+
+
 def headers(target: Target, session: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {target.api_key}", "Content-Type": "application/json",
             "X-Session-Id": session}
@@ -248,14 +274,14 @@ def headers(target: Target, session: str) -> dict[str, str]:
 
 async def one_request(http: aiohttp.ClientSession, target: Target, i: int, session: str) -> float:
     """Latency in seconds of one chat request; raises on anything but a proper completion."""
+    path, body = API[target.api]
     started = time.perf_counter()
-    async with http.post(f"{target.base_url}/chat/completions", data=chat_body(i),
-                         headers=headers(target, session)) as response:
+    async with http.post(f"{target.base_url}{path}", data=body(i), headers=headers(target, session)) as response:
         payload = await response.read()
         elapsed = time.perf_counter() - started
     if response.status != 200:
         raise RuntimeError(f"HTTP {response.status}: {payload[:200]!r}")
-    if not json.loads(payload)["choices"][0]["message"]["content"].startswith("ok: "):
+    if not answer_text(payload).startswith("ok: "):
         raise RuntimeError(f"unexpected answer: {payload[:200]!r}")
     return elapsed
 
@@ -409,6 +435,8 @@ async def run(args: argparse.Namespace, work: Path) -> tuple[list[dict], list[st
                     stop(target.proc)
                     started.remove(target)
         targets = started
+        for target in targets:
+            target.api = args.api
         sessions = {t.name: pool(4) for t in targets}
         try:
             await sequential(targets, sessions, n=args.n, warmup=args.warmup)
@@ -445,6 +473,8 @@ def main(argv: list[str] | None = None) -> None:
                         "target 'baseline', interleaved with the others: a regression, not machine noise, "
                         "shows as a difference between the two in the same run")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    parser.add_argument("--api", choices=sorted(API), default="chat",
+                        help="the route measured: chat completions, or the Responses API (peers may not serve it)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the work dir with logs")
     args = parser.parse_args(argv)
     with contextlib.suppress(ImportError):
