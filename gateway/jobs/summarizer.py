@@ -129,7 +129,9 @@ class Summarizer:
             return
         job = SummaryJob(
             turn.ref, turn.chat.model, policy, [*turn.chat.history, answer_event.message], [*turn.chat.ids, answer_event.id],
-            turn.auth, view.messages, budget=view.budget,
+            # The view as the parent of a cache-reusing summary request: only a chat view is one
+            # (another format's view is rendered in its own API, not as chat messages).
+            turn.auth, view.messages if turn.chat.format == "chat" else None, budget=view.budget,
         )
         if not self._admit(job):
             return
