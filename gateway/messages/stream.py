@@ -91,6 +91,7 @@ class MessageAssembler:
         self.blocks: dict[int, dict] = {}
         self._json: dict[int, list[str]] = {}
         self.stop_reason: str | None = None
+        self.stop_sequence: str | None = None
         self.usage: dict = {}
         self.stopped = False
 
@@ -117,6 +118,7 @@ class MessageAssembler:
             delta = event.get("delta") or {}
             if delta.get("stop_reason"):
                 self.stop_reason = delta["stop_reason"]
+                self.stop_sequence = delta.get("stop_sequence")
             if isinstance(event.get("usage"), dict):
                 # message_delta usage is cumulative for the message: it replaces the start's.
                 self.usage.update({k: v for k, v in event["usage"].items() if v is not None})
@@ -141,7 +143,8 @@ class MessageAssembler:
 
     def whole(self) -> dict:
         """The message as a non-streamed answer would have carried it."""
-        return {**self.message, "content": self.content(), "stop_reason": self.stop_reason, "usage": dict(self.usage)}
+        return {**self.message, "content": self.content(), "stop_reason": self.stop_reason,
+                "stop_sequence": self.stop_sequence, "usage": dict(self.usage)}
 
 
 class MessageStreamFilter:
@@ -229,7 +232,7 @@ class MessageStreamFilter:
 
     def finish(self) -> bytes:
         """The client's message_delta (the last call's stop reason, the summed usage) and message_stop."""
-        delta = {"stop_reason": self.assembler.stop_reason, "stop_sequence": None}
+        delta = {"stop_reason": self.assembler.stop_reason, "stop_sequence": self.assembler.stop_sequence}
         if self.assembler.stop_reason == "tool_use" and not any(b.get("type") == "tool_use" for b in self.visible):
             delta["stop_reason"] = "end_turn"
         return encode({"type": "message_delta", "delta": delta, "usage": self.usage or {}}) + encode({"type": "message_stop"})
