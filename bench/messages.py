@@ -13,7 +13,8 @@ marks its system and its newest tool result with ``cache_control`` as Claude Cod
    gateway; then ``--recall`` questions about planted facts, through the gateway.
 2. ``fake-200k`` (where direct fits): the same loop both ways, for the cache-read share.
 
-Figures: requests answered and rejected, upstream / client prompt tokens (the simulator's own
+Summary calls (both models' runs) are counted apart: their prompt tokens, billed as fresh input,
+and the 32k cost with them. Figures: requests answered and rejected, upstream / client prompt tokens (the simulator's own
 count of what it received, against the client's bodies counted the same way), billed prompt cost
 (input 1×, cache reads 0.1×, cache writes 1.25×) against the client's history sent with ideal
 caching (each request reads the previous request's prompt and writes the rest), the cache-read
@@ -167,14 +168,18 @@ async def main(args) -> None:
         g200 = await loop(gateway, "fake-200k", args.steps, "gw-200k")
         after = overhead(gapp)
         mean_overhead = (after[0] - before[0]) / max(1, after[1] - before[1])
-        summaries = sum(1 for r in puppet[RECEIVED] if r["headers"].get("x-palimpsest-purpose") == "summary")
+        summary_bodies = [r["json"] for r in puppet[RECEIVED]
+                          if r["headers"].get("x-palimpsest-purpose") == "summary" and r.get("json")]
+        summaries = len(summary_bodies)
+        summary_tokens = sum(t for body in summary_bodies for _, t, _ in blocks(body))
         await grunner.cleanup()
     await prunner.cleanup()
     added = [g - d for g, d in zip(g200.latency, d200.latency)]
     print(f"Messages agent loop, {args.steps} Bash steps (outputs 1-4k tokens), thinking on; simulated upstream.")
     print(f"{'run':<22} {'ok':>5} {'rej':>4} {'client tok':>10} {'upstr tok':>10} {'up/cl':>6} {'cost':>6} {'read%':>6}")
     print(row("direct fake-32k", d32, "(chain lost)" if d32.rejected else ""))
-    print(row("palimpsest fake-32k", g32, f"summary calls {summaries}"))
+    print(row("palimpsest fake-32k", g32, f"+ {summaries} summary calls, {summary_tokens:,} prompt tokens: cost "
+                                          f"{(g32.billed() + summary_tokens) / max(1.0, g32.ideal):.2f} with them"))
     print(row("direct fake-200k", d200))
     print(row("palimpsest fake-200k", g200))
     share = lambda r: r.read / r.upstream_tokens if r.upstream_tokens else 0.0  # noqa: E731

@@ -154,3 +154,12 @@ def test_a_gateway_block_inside_the_conversation_joins_the_next_user_message():
     last = out["messages"][-1]
     assert [b["type"] for b in last["content"]] == ["tool_result", "text", "text"]
     assert last["content"][1]["text"] == "<recalled>old facts</recalled>"
+
+
+def test_without_a_client_system_the_tools_end_their_own_breakpoint():
+    b = body()
+    del b["system"]
+    chat = parse(b)
+    out = fmt.render_body(chat, [{"role": "system", "content": "summary"}, *chat.history], None)
+    assert "cache_control" in out["tools"][-1] and "cache_control" in out["system"][-1]
+    assert count_breakpoints(out) == 3 and "cache_control" not in b["tools"][-1]
