@@ -145,7 +145,7 @@ def row(name: str, run: Run | None, extra: str = "") -> str:
     cost = run.billed() / run.ideal if run.ideal else float("nan")
     share = run.read / run.upstream_tokens if run.upstream_tokens else float("nan")
     return (f"{name:<22} {run.answered:>5} {run.rejected:>4} {run.client_tokens:>10,} {run.upstream_tokens:>10,} "
-            f"{ratio:>6.2f} {cost:>6.2f} {share:>6.2f} {extra}")
+            f"{ratio:>6.2f} {cost:>6.2f} {share:>6.2f} {run.read:>10,} {run.written:>9,} {extra}")
 
 
 async def main(args) -> None:
@@ -176,7 +176,8 @@ async def main(args) -> None:
     await prunner.cleanup()
     added = [g - d for g, d in zip(g200.latency, d200.latency)]
     print(f"Messages agent loop, {args.steps} Bash steps (outputs 1-4k tokens), thinking on; simulated upstream.")
-    print(f"{'run':<22} {'ok':>5} {'rej':>4} {'client tok':>10} {'upstr tok':>10} {'up/cl':>6} {'cost':>6} {'read%':>6}")
+    print(f"{'run':<22} {'ok':>5} {'rej':>4} {'client tok':>10} {'upstr tok':>10} {'up/cl':>6} {'cost':>6} {'read%':>6} "
+          f"{'cache read':>10} {'cache wr':>9}")
     print(row("direct fake-32k", d32, "(chain lost)" if d32.rejected else ""))
     print(row("palimpsest fake-32k", g32, f"+ {summaries} summary calls, {summary_tokens:,} prompt tokens: cost "
                                           f"{(g32.billed() + summary_tokens) / max(1.0, g32.ideal):.2f} with them"))
