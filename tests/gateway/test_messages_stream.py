@@ -73,3 +73,15 @@ def test_visible_blocks_drop_recall_calls_and_the_thinking_bound_to_them():
               {"type": "thinking", "thinking": "b", "signature": "s2"},
               {"type": "tool_use", "id": "2", "name": "Bash", "input": {}}]
     assert [b.get("signature") or b["name"] for b in visible_blocks(blocks, NAMES)] == ["s2", "Bash"]
+
+
+def test_malformed_provider_events_are_read_as_far_as_they_go():
+    relay = MessageStreamFilter(NAMES)
+    odd = [{"type": "message_start", "message": []}, {"type": "content_block_start", "index": 0, "content_block": ["x"]},
+           {"type": "content_block_delta", "index": 0, "delta": "text"},
+           {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": 5}},
+           {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}},
+           {"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "fine"}},
+           {"type": "message_delta", "delta": None, "usage": {"output_tokens": "7"}}, {"type": "message_stop"}]
+    out = b"".join(relay.feed(e) for e in odd) + relay.end_round(final=True) + relay.finish()
+    assert b"fine" in out and relay.assembler.stopped
