@@ -272,3 +272,17 @@ async def test_a_stream_that_stalls_ends_with_anthropics_error_event(upstream, s
         async with client_for(gw).messages.stream(model="fake-32k", max_tokens=64, extra_headers=headers("s-stall2"),
                                                   messages=[{"role": "user", "content": "hi [[stall 2]]"}]) as s:
             await s.get_final_message()
+
+
+async def test_a_body_over_the_limit_is_413_in_anthropics_envelope(upstream, start_gateway):
+    gw = await start_gateway(server={"max_body_mb": 0.01})
+    with pytest.raises(anthropic.APIStatusError) as failed:
+        await client_for(gw).messages.create(model="fake-32k", max_tokens=64, extra_headers=headers("s-413"),
+                                             messages=[{"role": "user", "content": "x" * 20_000}])
+    assert failed.value.status_code == 413
+    assert failed.value.body["type"] == "error" and failed.value.body["error"]["type"] == "request_too_large"
+    counted = await client_for(gw).messages.count_tokens(model="fake-32k", messages=[{"role": "user", "content": "hi"}])
+    assert counted.input_tokens > 0
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        await client_for(gw).messages.count_tokens(model="fake-32k", messages="hi")
+    assert bad.value.body["error"]["type"] == "invalid_request_error"
