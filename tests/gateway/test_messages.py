@@ -41,6 +41,21 @@ def summary_requests(upstream) -> list[dict]:
     return [r for r in upstream.received if r["headers"].get("x-palimpsest-purpose") == "summary"]
 
 
+def one_branch(gw, session_id: str, history: list[dict]) -> None:
+    """The ledger holds the conversation once, on one branch: every answer the gateway recorded
+    hashes as the client sends it back (thinking, signature and tool_use included)."""
+    from gateway.keys import LEDGER
+
+    ledger = gw.app[LEDGER]
+    record = next(r for r in ledger.sessions() if r.session_id == session_id)
+    assert len(ledger.heads(record.key)) == 1
+    events = ledger.since(record.key, -1)
+    kinds = [e.message["role"] for e in events if e.kind != "side"]
+    # The client's history: a user task, then per step an assistant item and a tool item (the
+    # newest result was never sent).
+    assert kinds == (["user"] + ["assistant", "tool"] * ((len(history) - 1) // 2))[:-1], kinds[:6]
+
+
 def step_output(step: int, tokens: int = 1800) -> str:
     """A tool result of about `tokens` tokens whose last line scripts the next call."""
     filler = " ".join(f"line{step}-{i} build ok module_{step}_{i}.py passed" for i in range(tokens // 12))
@@ -103,6 +118,7 @@ async def test_long_thinking_tool_loop_on_32k_compacts_and_is_accepted(upstream,
     client = client_for(gw)
     history, answers = await run_loop(client, "s-loop", 40)
     await settle(gw)
+    one_branch(gw, "s-loop", history)
     sent = messages_requests(upstream)
     assert len(sent) == 40  # every step answered, none rejected (the simulator is strict)
     client_tokens = sum(len(orjson.dumps(m)) for m in history)
@@ -132,6 +148,7 @@ async def test_stream_loop_compacts_and_recall_is_resolved_in_the_stream(upstrea
     client = client_for(gw)
     history, _ = await run_loop(client, "s-recall", 30, stream=True)
     await settle(gw)
+    one_branch(gw, "s-recall", history)
     history.append({"role": "assistant", "content": [{"type": "text", "text": "Chain done."}]})
     history[-2]["content"][0]["content"] = step_output(30).rsplit("\n", 1)[0]  # no further call
     history.append({"role": "user", "content": "RECALL: where is the artifact for step 3?"})
