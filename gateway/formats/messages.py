@@ -120,12 +120,13 @@ def system_text(system: Any) -> str:
 
 
 def compaction_start(messages: list[dict]) -> int:
-    """Index of the newest message holding a provider ``compaction`` block (0 without one):
-    Anthropic drops everything before it, and so does the view."""
+    """Where the conversation starts: at the newest message holding a provider ``compaction``
+    block (Anthropic drops everything before it), or rather at the user message before that one,
+    so the request still opens with a user turn (0 without a compaction block)."""
     for i in range(len(messages) - 1, -1, -1):
         content = messages[i].get("content")
         if isinstance(content, list) and any(b.get("type") == "compaction" for b in content):
-            return i
+            return next((j for j in range(i - 1, -1, -1) if messages[j].get("role") == "user"), i)
     return 0
 
 

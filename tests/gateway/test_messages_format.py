@@ -126,8 +126,11 @@ def test_the_view_starts_at_the_newest_provider_compaction_block():
         {"role": "user", "content": "newest"},
     ]
     chat = parse(b)
-    assert [m.get("content") for m in chat.history] == ["ok", "newest"]
-    assert chat.history[0]["opaque"] == [{"type": "compaction", "content": "summary two"}]
+    assert [m.get("content") for m in chat.history] == ["middle", "ok", "newest"]  # opens with a user turn
+    assert chat.history[1]["opaque"] == [{"type": "compaction", "content": "summary two"}]
+    out = fmt.render_body(chat, [*chat.instructions, *chat.history], None)
+    assert out["messages"][:2] == b["messages"][2:4]
+    assert out["messages"][2]["content"][0]["text"] == "newest"  # with the gateway's breakpoint
 
 
 @pytest.mark.parametrize("broken", [
