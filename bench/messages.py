@@ -13,7 +13,8 @@ marks its system and its newest tool result with ``cache_control`` as Claude Cod
    gateway; then ``--recall`` questions about planted facts, through the gateway.
 2. ``fake-200k`` (where direct fits): the same loop both ways, for the cache-read share.
 
-Figures: requests answered and rejected, upstream / client prompt tokens (the simulator's own
+Summary calls (both models' runs) are counted apart: their prompt tokens, billed as fresh input,
+and the 32k cost with them. Figures: requests answered and rejected, upstream / client prompt tokens (the simulator's own
 count of what it received, against the client's bodies counted the same way), billed prompt cost
 (input 1×, cache reads 0.1×, cache writes 1.25×) against the client's history sent with ideal
 caching (each request reads the previous request's prompt and writes the rest), the cache-read
@@ -127,14 +128,21 @@ async def recall(client, model: str, run: Run, questions: int, session: str) -> 
     return found, len(asked)
 
 
-def overhead(app) -> tuple[float, float]:
-    """(seconds, requests) of the gateway's own time on /v1/messages: wall time minus upstream waits."""
-    from gateway.keys import METRICS
+def record_overheads(app) -> list[float]:
+    """The gateway's own time per /v1/messages request (wall time minus upstream waits), as
+    its TurnRecorder observes it."""
+    from gateway.keys import MESSAGES
 
-    registry = app[METRICS].registry
-    name = "palimpsest_gateway_overhead_seconds"
-    labels = {"route": "messages"}
-    return (registry.get_sample_value(name + "_sum", labels) or 0.0, registry.get_sample_value(name + "_count", labels) or 0.0)
+    recorder = app[MESSAGES].recorder
+    seen: list[float] = []
+    observe = recorder.observe
+
+    def timed(turn) -> None:
+        seen.append(time.perf_counter() - turn.timing.started - turn.timing.upstream)
+        observe(turn)
+
+    recorder.observe = timed
+    return seen
 
 
 def row(name: str, run: Run | None, extra: str = "") -> str:
@@ -144,7 +152,7 @@ def row(name: str, run: Run | None, extra: str = "") -> str:
     cost = run.billed() / run.ideal if run.ideal else float("nan")
     share = run.read / run.upstream_tokens if run.upstream_tokens else float("nan")
     return (f"{name:<22} {run.answered:>5} {run.rejected:>4} {run.client_tokens:>10,} {run.upstream_tokens:>10,} "
-            f"{ratio:>6.2f} {cost:>6.2f} {share:>6.2f} {extra}")
+            f"{ratio:>6.2f} {cost:>6.2f} {share:>6.2f} {run.read:>10,} {run.written:>9,} {extra}")
 
 
 async def main(args) -> None:
@@ -163,25 +171,29 @@ async def main(args) -> None:
         await asyncio.sleep(1.0)  # let the summary job of the last steps land
         found, asked = await recall(gateway, "fake-32k", g32, args.recall, "gw-32k")
         d200 = await loop(direct, "fake-200k", args.steps, "direct-200k")
-        before = overhead(gapp)
+        own = record_overheads(gapp)
         g200 = await loop(gateway, "fake-200k", args.steps, "gw-200k")
-        after = overhead(gapp)
-        mean_overhead = (after[0] - before[0]) / max(1, after[1] - before[1])
-        summaries = sum(1 for r in puppet[RECEIVED] if r["headers"].get("x-palimpsest-purpose") == "summary")
+        summary_bodies = [r["json"] for r in puppet[RECEIVED]
+                          if r["headers"].get("x-palimpsest-purpose") == "summary" and r.get("json")]
+        summaries = len(summary_bodies)
+        summary_tokens = sum(t for body in summary_bodies for _, t, _ in blocks(body))
         await grunner.cleanup()
     await prunner.cleanup()
     added = [g - d for g, d in zip(g200.latency, d200.latency)]
     print(f"Messages agent loop, {args.steps} Bash steps (outputs 1-4k tokens), thinking on; simulated upstream.")
-    print(f"{'run':<22} {'ok':>5} {'rej':>4} {'client tok':>10} {'upstr tok':>10} {'up/cl':>6} {'cost':>6} {'read%':>6}")
+    print(f"{'run':<22} {'ok':>5} {'rej':>4} {'client tok':>10} {'upstr tok':>10} {'up/cl':>6} {'cost':>6} {'read%':>6} "
+          f"{'cache read':>10} {'cache wr':>9}")
     print(row("direct fake-32k", d32, "(chain lost)" if d32.rejected else ""))
-    print(row("palimpsest fake-32k", g32, f"summary calls {summaries}"))
+    print(row("palimpsest fake-32k", g32, f"+ {summaries} summary calls, {summary_tokens:,} prompt tokens: cost "
+                                          f"{(g32.billed() + summary_tokens) / max(1.0, g32.ideal):.2f} with them"))
     print(row("direct fake-200k", d200))
     print(row("palimpsest fake-200k", g200))
     share = lambda r: r.read / r.upstream_tokens if r.upstream_tokens else 0.0  # noqa: E731
     print(f"planted facts recalled through the gateway: {found}/{asked}")
     print(f"client-side time added per request on fake-200k, p50 of gateway minus direct: "
           f"{statistics.median(added) * 1000:.1f} ms (includes the SDK and loopback; puppet time is the same); "
-          f"the gateway's own time (wall minus upstream waits), mean: {mean_overhead * 1000:.1f} ms")
+          f"the gateway's own time (wall minus upstream waits): p50 {statistics.median(own) * 1000:.1f} ms, "
+          f"max {max(own) * 1000:.1f} ms")
     print("targets: 32k completes with 0 rejections: "
           f"{'yes' if g32.answered == args.steps and not g32.rejected else 'NO'}; up/cl <= 0.30: "
           f"{g32.upstream_tokens / max(1, g32.client_tokens):.2f}; cost <= 0.6: {g32.billed() / max(1.0, g32.ideal):.2f}; "

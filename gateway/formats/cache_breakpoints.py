@@ -71,6 +71,14 @@ def _mark_newest(messages: list) -> bool:
     return False
 
 
+def _mark_last_tool(body: dict):
+    """A marker on the last tool (in a copy of the list); the tools as they are now."""
+    tools = body.get("tools")
+    if isinstance(tools, list) and tools and isinstance(tools[-1], dict) and "cache_control" not in tools[-1]:
+        body["tools"] = tools = [*tools[:-1], {**tools[-1], "cache_control": dict(EPHEMERAL)}]
+    return tools
+
+
 def count_breakpoints(body: dict) -> int:
     """cache_control markers in a Messages body (tools, system, messages and tool results)."""
     def count(blocks) -> int:
@@ -104,10 +112,12 @@ def place_breakpoints(body: dict, *, client_system_blocks: int) -> dict:
         for i in ends:
             if "cache_control" not in system[i]:
                 system[i]["cache_control"] = dict(EPHEMERAL)
+        if client_system_blocks == 0:
+            tools = _mark_last_tool(body)  # no client system: its prefix ends with the tools
     elif isinstance(system, str) and system:
         body["system"] = system = [{"type": "text", "text": system, "cache_control": dict(EPHEMERAL)}]
-    elif isinstance(tools, list) and tools and isinstance(tools[-1], dict) and "cache_control" not in tools[-1]:
-        body["tools"] = tools = [*tools[:-1], {**tools[-1], "cache_control": dict(EPHEMERAL)}]
+    else:
+        tools = _mark_last_tool(body)
     # Over the limit: the client's earliest markers go (tools, then system blocks before the ends).
     keep = {len(system) - 1, client_system_blocks - 1} if isinstance(system, list) and system else set()
     excess = count_breakpoints(body) - MAX_BREAKPOINTS

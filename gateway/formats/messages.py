@@ -120,12 +120,13 @@ def system_text(system: Any) -> str:
 
 
 def compaction_start(messages: list[dict]) -> int:
-    """Index of the newest message holding a provider ``compaction`` block (0 without one):
-    Anthropic drops everything before it, and so does the view."""
+    """Where the conversation starts: at the newest message holding a provider ``compaction``
+    block (Anthropic drops everything before it), or rather at the user message before that one,
+    so the request still opens with a user turn (0 without a compaction block)."""
     for i in range(len(messages) - 1, -1, -1):
         content = messages[i].get("content")
         if isinstance(content, list) and any(b.get("type") == "compaction" for b in content):
-            return i
+            return next((j for j in range(i - 1, -1, -1) if messages[j].get("role") == "user"), i)
     return 0
 
 
@@ -244,9 +245,12 @@ def content_blocks(content: Any) -> list[dict]:
     return [{"type": "text", "text": p["text"]} if p.get("type") == "text" else p for p in content if isinstance(p, dict)]
 
 
-def item_blocks(message: dict) -> tuple[list[dict], bool]:
-    """The content blocks of one neutral item of a view, and whether they go as a plain string."""
+def item_blocks(message: dict, unchanged: bool = False) -> tuple[list[dict], bool]:
+    """The content blocks of one neutral item of a view, and whether they go as a plain string.
+    ``unchanged``: the item is the request's own (the view did not replace it)."""
     items = wire_items(message, FORMAT)
+    if items is not None and unchanged:
+        return list(items), bool(message["wire"].get("string"))
     if items is not None:
         rebuilt = _reparse(message, items)
         if rebuilt is not None and _same(message, rebuilt):
@@ -287,9 +291,11 @@ def _assistant_blocks(message: dict, items: list[dict] | None) -> list[dict]:
     return out
 
 
-def render_messages(messages: list[dict]) -> tuple[list[dict], list[str]]:
+def render_messages(messages: list[dict], own: frozenset[int] = frozenset()) -> tuple[list[dict], list[str]]:
     """(the ``messages`` array, the gateway's system texts) of a view. Consecutive user-side
-    items become one user message, its tool_result blocks first."""
+    items become one user message, its tool_result blocks first. ``own``: the ``id()`` of the
+    request's own items (the view passes unchanged items on as the same objects; any other
+    item is compared with what its wire form reads as)."""
     out: list[dict] = []
     system: list[str] = []
     pending: list[tuple[str, list[dict], bool]] = []  # same-role entries waiting to be merged
@@ -332,7 +338,7 @@ def render_messages(messages: list[dict]) -> tuple[list[dict], list[str]]:
         side = "assistant" if role == "assistant" else "user"
         if pending and pending[0][0] != side:
             flush()
-        blocks, string = item_blocks(message)
+        blocks, string = item_blocks(message, id(message) in own)
         pending.append((side, blocks, string))
         after = (message.get("wire") or {}).get("after") if wire_items(message, FORMAT) is not None else None
         if after:
@@ -346,7 +352,7 @@ def render_body(chat: ChatRequest, messages: list[dict], tools: list[dict] | Non
     """The upstream body for a view: the client's body with ``messages`` (and ``tools``)
     replaced, the gateway's system blocks after the client's, and the cache breakpoints placed."""
     body = dict(chat.body)
-    body["messages"], extra = render_messages(messages)
+    body["messages"], extra = render_messages(messages, frozenset(map(id, chat.history)))
     if tools is not None:
         body["tools"] = tools
     client_system = body.get("system")

@@ -1,6 +1,7 @@
 """Who is asking: tenant from the credential, session from the header (or a fingerprint).
 
-The tenant is a stable hash of the client's credential, or the name of a configured tenant
+The credential is ``Authorization`` (Bearer), Azure-style ``api-key`` or Anthropic's ``x-api-key``
+(Claude Code sends only that one). The tenant is a stable hash of it, or the name of a configured tenant
 whose key matches; the raw credential is never stored or logged. A session is always scoped by
 its tenant, so two tenants using the same session id never meet.
 
@@ -76,7 +77,7 @@ class Identity:
             raise Unauthorized("The admin token is not a client API key.")
         if not credential:
             if self.require_key:
-                raise Unauthorized("This gateway requires a client API key (Authorization: Bearer <key>).")
+                raise Unauthorized("This gateway requires a client API key (Authorization: Bearer <key>, or x-api-key: <key>).")
             return ANONYMOUS
         cached = self._cache.get(credential)
         if cached is not None:

@@ -25,6 +25,16 @@ USAGE_KEYS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache
 THINKING = frozenset({"thinking", "redacted_thinking"})
 
 
+def _dict(value: Any) -> dict:
+    """A provider's field read as an object (a malformed one reads as empty, never fails the stream)."""
+    return value if isinstance(value, dict) else {}
+
+
+def _text(obj: dict, key: str) -> str:
+    value = obj.get(key)
+    return value if isinstance(value, str) else ""
+
+
 def encode(event: dict) -> bytes:
     kind = event.get("type")
     head = f"event: {kind}\n".encode() if isinstance(kind, str) else b""
@@ -91,6 +101,7 @@ class MessageAssembler:
         self.blocks: dict[int, dict] = {}
         self._json: dict[int, list[str]] = {}
         self.stop_reason: str | None = None
+        self.stop_sequence: str | None = None
         self.usage: dict = {}
         self.stopped = False
 
@@ -100,12 +111,12 @@ class MessageAssembler:
             self.message = event["message"]
             self.usage.update({k: v for k, v in (self.message.get("usage") or {}).items() if v is not None})
         elif kind == "content_block_start" and isinstance(event.get("index"), int):
-            block = dict(event.get("content_block") or {})
+            block = dict(_dict(event.get("content_block")))
             if block.get("type") in ("tool_use", "server_tool_use"):
                 self._json[event["index"]] = []
             self.blocks[event["index"]] = block
         elif kind == "content_block_delta" and event.get("index") in self.blocks:
-            self._delta(self.blocks[event["index"]], event["index"], event.get("delta") or {})
+            self._delta(self.blocks[event["index"]], event["index"], _dict(event.get("delta")))
         elif kind == "content_block_stop" and event.get("index") in self._json:
             text = "".join(self._json.pop(event["index"]))
             if text:
@@ -114,9 +125,10 @@ class MessageAssembler:
                 except orjson.JSONDecodeError:
                     pass
         elif kind == "message_delta":
-            delta = event.get("delta") or {}
+            delta = _dict(event.get("delta"))
             if delta.get("stop_reason"):
                 self.stop_reason = delta["stop_reason"]
+                self.stop_sequence = delta.get("stop_sequence")
             if isinstance(event.get("usage"), dict):
                 # message_delta usage is cumulative for the message: it replaces the start's.
                 self.usage.update({k: v for k, v in event["usage"].items() if v is not None})
@@ -126,13 +138,13 @@ class MessageAssembler:
     def _delta(self, block: dict, index: int, delta: dict) -> None:
         kind = delta.get("type")
         if kind == "text_delta":
-            block["text"] = (block.get("text") or "") + (delta.get("text") or "")
+            block["text"] = _text(block, "text") + _text(delta, "text")
         elif kind == "thinking_delta":
-            block["thinking"] = (block.get("thinking") or "") + (delta.get("thinking") or "")
+            block["thinking"] = _text(block, "thinking") + _text(delta, "thinking")
         elif kind == "signature_delta":
-            block["signature"] = (block.get("signature") or "") + (delta.get("signature") or "")
+            block["signature"] = _text(block, "signature") + _text(delta, "signature")
         elif kind == "input_json_delta" and index in self._json:
-            self._json[index].append(delta.get("partial_json") or "")
+            self._json[index].append(_text(delta, "partial_json"))
         elif kind == "citations_delta" and isinstance(delta.get("citation"), dict):
             block.setdefault("citations", []).append(delta["citation"])
 
@@ -141,7 +153,8 @@ class MessageAssembler:
 
     def whole(self) -> dict:
         """The message as a non-streamed answer would have carried it."""
-        return {**self.message, "content": self.content(), "stop_reason": self.stop_reason, "usage": dict(self.usage)}
+        return {**self.message, "content": self.content(), "stop_reason": self.stop_reason,
+                "stop_sequence": self.stop_sequence, "usage": dict(self.usage)}
 
 
 class MessageStreamFilter:
@@ -197,7 +210,7 @@ class MessageStreamFilter:
         if not isinstance(index, int):
             return encode(event)  # ping, and events the gateway does not know
         if kind == "content_block_start":
-            block = event.get("content_block") or {}
+            block = _dict(event.get("content_block"))
             if block.get("type") in THINKING:
                 self._held.append((index, [event]))
                 return b""
@@ -229,7 +242,7 @@ class MessageStreamFilter:
 
     def finish(self) -> bytes:
         """The client's message_delta (the last call's stop reason, the summed usage) and message_stop."""
-        delta = {"stop_reason": self.assembler.stop_reason, "stop_sequence": None}
+        delta = {"stop_reason": self.assembler.stop_reason, "stop_sequence": self.assembler.stop_sequence}
         if self.assembler.stop_reason == "tool_use" and not any(b.get("type") == "tool_use" for b in self.visible):
             delta["stop_reason"] = "end_turn"
         return encode({"type": "message_delta", "delta": delta, "usage": self.usage or {}}) + encode({"type": "message_stop"})

@@ -41,6 +41,21 @@ def summary_requests(upstream) -> list[dict]:
     return [r for r in upstream.received if r["headers"].get("x-palimpsest-purpose") == "summary"]
 
 
+def one_branch(gw, session_id: str, history: list[dict]) -> None:
+    """The ledger holds the conversation once, on one branch: every answer the gateway recorded
+    hashes as the client sends it back (thinking, signature and tool_use included)."""
+    from gateway.keys import LEDGER
+
+    ledger = gw.app[LEDGER]
+    record = next(r for r in ledger.sessions() if r.session_id == session_id)
+    assert len(ledger.heads(record.key)) == 1
+    events = ledger.since(record.key, -1)
+    kinds = [e.message["role"] for e in events if e.kind != "side"]
+    # The client's history: a user task, then per step an assistant item and a tool item (the
+    # newest result was never sent).
+    assert kinds == (["user"] + ["assistant", "tool"] * ((len(history) - 1) // 2))[:-1], kinds[:6]
+
+
 def step_output(step: int, tokens: int = 1800) -> str:
     """A tool result of about `tokens` tokens whose last line scripts the next call."""
     filler = " ".join(f"line{step}-{i} build ok module_{step}_{i}.py passed" for i in range(tokens // 12))
@@ -103,6 +118,7 @@ async def test_long_thinking_tool_loop_on_32k_compacts_and_is_accepted(upstream,
     client = client_for(gw)
     history, answers = await run_loop(client, "s-loop", 40)
     await settle(gw)
+    one_branch(gw, "s-loop", history)
     sent = messages_requests(upstream)
     assert len(sent) == 40  # every step answered, none rejected (the simulator is strict)
     client_tokens = sum(len(orjson.dumps(m)) for m in history)
@@ -132,6 +148,7 @@ async def test_stream_loop_compacts_and_recall_is_resolved_in_the_stream(upstrea
     client = client_for(gw)
     history, _ = await run_loop(client, "s-recall", 30, stream=True)
     await settle(gw)
+    one_branch(gw, "s-recall", history)
     history.append({"role": "assistant", "content": [{"type": "text", "text": "Chain done."}]})
     history[-2]["content"][0]["content"] = step_output(30).rsplit("\n", 1)[0]  # no further call
     history.append({"role": "user", "content": "RECALL: where is the artifact for step 3?"})
@@ -272,3 +289,17 @@ async def test_a_stream_that_stalls_ends_with_anthropics_error_event(upstream, s
         async with client_for(gw).messages.stream(model="fake-32k", max_tokens=64, extra_headers=headers("s-stall2"),
                                                   messages=[{"role": "user", "content": "hi [[stall 2]]"}]) as s:
             await s.get_final_message()
+
+
+async def test_a_body_over_the_limit_is_413_in_anthropics_envelope(upstream, start_gateway):
+    gw = await start_gateway(server={"max_body_mb": 0.01})
+    with pytest.raises(anthropic.APIStatusError) as failed:
+        await client_for(gw).messages.create(model="fake-32k", max_tokens=64, extra_headers=headers("s-413"),
+                                             messages=[{"role": "user", "content": "x" * 20_000}])
+    assert failed.value.status_code == 413
+    assert failed.value.body["type"] == "error" and failed.value.body["error"]["type"] == "request_too_large"
+    counted = await client_for(gw).messages.count_tokens(model="fake-32k", messages=[{"role": "user", "content": "hi"}])
+    assert counted.input_tokens > 0
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        await client_for(gw).messages.count_tokens(model="fake-32k", messages="hi")
+    assert bad.value.body["error"]["type"] == "invalid_request_error"

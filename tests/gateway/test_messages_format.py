@@ -126,8 +126,11 @@ def test_the_view_starts_at_the_newest_provider_compaction_block():
         {"role": "user", "content": "newest"},
     ]
     chat = parse(b)
-    assert [m.get("content") for m in chat.history] == ["ok", "newest"]
-    assert chat.history[0]["opaque"] == [{"type": "compaction", "content": "summary two"}]
+    assert [m.get("content") for m in chat.history] == ["middle", "ok", "newest"]  # opens with a user turn
+    assert chat.history[1]["opaque"] == [{"type": "compaction", "content": "summary two"}]
+    out = fmt.render_body(chat, [*chat.instructions, *chat.history], None)
+    assert out["messages"][:2] == b["messages"][2:4]
+    assert out["messages"][2]["content"][0]["text"] == "newest"  # with the gateway's breakpoint
 
 
 @pytest.mark.parametrize("broken", [
@@ -154,3 +157,48 @@ def test_a_gateway_block_inside_the_conversation_joins_the_next_user_message():
     last = out["messages"][-1]
     assert [b["type"] for b in last["content"]] == ["tool_result", "text", "text"]
     assert last["content"][1]["text"] == "<recalled>old facts</recalled>"
+
+
+def test_without_a_client_system_the_tools_end_their_own_breakpoint():
+    b = body()
+    del b["system"]
+    chat = parse(b)
+    out = fmt.render_body(chat, [{"role": "system", "content": "summary"}, *chat.history], None)
+    assert "cache_control" in out["tools"][-1] and "cache_control" in out["system"][-1]
+    assert count_breakpoints(out) == 3 and "cache_control" not in b["tools"][-1]
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+JUNK = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.text(max_size=8),
+                 st.lists(st.integers(-2, 2), max_size=2), st.dictionaries(st.text(max_size=4), st.integers(-3, 3), max_size=2))
+BLOCK = st.one_of(
+    st.fixed_dictionaries({"type": st.just("text"), "text": st.one_of(st.text(max_size=30), JUNK)}),
+    st.fixed_dictionaries({"type": st.just("tool_use"), "id": st.sampled_from(["t1", "t2"]), "name": st.sampled_from(["Bash", "session_search"]),
+                           "input": JUNK}),
+    st.fixed_dictionaries({"type": st.just("tool_result"), "tool_use_id": st.one_of(st.sampled_from(["t1", "t2"]), JUNK)},
+                          optional={"content": st.one_of(st.text(max_size=20), st.lists(st.fixed_dictionaries({"type": st.sampled_from(["text", "image"]), "text": JUNK}), max_size=2), JUNK),
+                                    "is_error": JUNK, "cache_control": JUNK}),
+    st.fixed_dictionaries({"type": st.sampled_from(["thinking", "redacted_thinking", "compaction", "image", "x"])},
+                          optional={"thinking": JUNK, "signature": JUNK, "data": JUNK, "content": JUNK, "cache_control": JUNK}),
+    JUNK,
+)
+MESSAGE = st.fixed_dictionaries({"role": st.one_of(st.sampled_from(["user", "assistant", "system"]), JUNK)},
+                                optional={"content": st.one_of(st.text(max_size=20), st.lists(BLOCK, max_size=4), JUNK)})
+BODY = st.fixed_dictionaries({"model": st.one_of(st.just("fake-32k"), JUNK), "messages": st.one_of(st.lists(MESSAGE, max_size=6), JUNK)},
+                             optional={"system": st.one_of(st.text(max_size=10), st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=5)}), max_size=2), JUNK),
+                                       "stream": JUNK, "max_tokens": JUNK, "tools": JUNK})
+
+
+@settings(max_examples=400, deadline=None)
+@given(BODY)
+def test_any_body_parses_to_a_request_or_a_400_and_renders(b):
+    try:
+        chat = parse(b)
+    except BadRequest:
+        return
+    ids = path_ids(chat.history)
+    assert len(ids) == len(chat.history)
+    out = fmt.render_body(chat, [*chat.instructions, {"role": "system", "content": "summary"}, *chat.history], None)
+    orjson.dumps(out)
+    assert count_breakpoints(out) <= max(4, count_breakpoints(b) if isinstance(b.get("tools"), list) else 4)
