@@ -197,10 +197,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     )
     responses.loop = ResponsesRecallLoop(record=responses.record, transport=responses.transport, **loop_parts)
     app[RESPONSES] = responses
-    messages = MessagesPipeline(
-        settings=settings, upstream=upstream, ledger=ledger, identity=app[IDENTITY], metrics=metrics, views=views,
-        recorder=recorder,
-    )
+    messages = MessagesPipeline(**pipeline_parts)
     messages.loop = MessagesRecallLoop(**loop_parts)
     app[MESSAGES] = messages
     app[INDEXER] = indexer
