@@ -9,6 +9,7 @@ else is handed its collaborators and typed against what it uses (``gateway/keys.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 from pathlib import Path
 from typing import AsyncIterator
@@ -17,6 +18,7 @@ from aiohttp import web
 
 from gateway.ops.admin import setup_admin
 from gateway.chat.pipeline import ChatPipeline, handle_chat
+from gateway.http.errors import Unauthorized
 from gateway.http.middleware import error_middleware
 from gateway.http.body import body_middleware
 from gateway.http import edge
@@ -55,6 +57,10 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics_endpoint(request: web.Request) -> web.Response:
+    token = request.app[SETTINGS].server.metrics_token.get_secret_value()
+    given = request.headers.get("Authorization", "")
+    if token and not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), f"Bearer {token}".encode()):
+        raise Unauthorized("/metrics requires server.metrics_token (Authorization: Bearer <token>).")
     metrics = request.app[METRICS]
     ledger = request.app[LEDGER]
     metrics.store_bytes.labels("ledger").set(await store_call(ledger.volume_bytes))

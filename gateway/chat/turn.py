@@ -158,6 +158,9 @@ class TurnRecorder:
 
     def observe(self, turn: Turn) -> None:
         m = self.metrics
+        if turn.status == 200:
+            m.model_answered(turn.chat.model)
+            turn.model_label = m.model_label(turn.chat.model)
         elapsed = time.perf_counter() - turn.timing.started
         m.requests.labels(ROUTE, turn.model_label, str(turn.status)).inc()
         m.request_seconds.labels(ROUTE, turn.model_label).observe(elapsed)
