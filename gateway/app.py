@@ -18,6 +18,7 @@ from aiohttp import web
 
 from gateway.ops.admin import setup_admin
 from gateway.chat.pipeline import ChatPipeline, handle_chat
+from gateway.chat.quota import StorageQuota
 from gateway.http.errors import Unauthorized
 from gateway.http.middleware import error_middleware
 from gateway.http.body import body_middleware
@@ -156,9 +157,11 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                           auto_timeout_s=settings.recall.auto_timeout_s), recorder=recorder,
         max_rounds=settings.recall.max_rounds, metrics=metrics,
     )
+    quota = StorageQuota(ledger, settings.store.max_stored_mb,
+                         {name: t.max_stored_mb for name, t in settings.tenant_table().items()})
     pipeline = ChatPipeline(
         settings=settings, upstream=upstream, ledger=ledger, identity=app[IDENTITY], metrics=metrics,
-        views=views, recall=recall, recorder=recorder,
+        views=views, recall=recall, recorder=recorder, quota=quota,
     )
     app[PIPELINE] = pipeline
     app[INDEXER] = indexer

@@ -100,6 +100,10 @@ class StoreSettings(_Section):
     )
     pool_size: int = Field(10, ge=1, le=200, description="PostgreSQL connections per replica.")
     retention_days: float = Field(0, ge=0, description="Delete sessions not updated for this many days (0 = keep forever).")
+    max_stored_mb: float = Field(
+        0, ge=0, description="Storage quota per tenant: MiB of stored messages past which its requests get 429 (0 = none); "
+        "[tenants.NAME] max_stored_mb overrides it."
+    )
 
 
 class SessionSettings(_Section):
