@@ -25,10 +25,11 @@ async def test_a_request_refused_before_the_upstream_stores_nothing(gateway, ups
     assert record.events == 2  # the question and its answer: nothing of the refused request
 
 
-async def test_a_tenant_over_its_storage_quota_gets_429_and_stores_nothing(start_gateway, upstream):
+async def test_a_tenant_over_its_storage_quota_gets_429_and_stores_nothing(start_gateway, upstream, tmp_path):
     gw = await start_gateway(tenants={"small": {"key": "pk-small", "max_stored_mb": 0.01}, "big": "pk-big"},
-                             store={"max_stored_mb": 1})
-    assert (await post(gw, "pk-small", "s1", "x" * 12_000))[0] == 200  # crosses the 10 KiB line: still stored whole
+                             store={"max_stored_mb": 1, "path": str(tmp_path / "data")})
+    first = await post(gw, "pk-small", "s1", "x" * 12_000)
+    assert first[0] == 200, first  # crosses the 10 KiB line: still stored whole
     forwarded = len(upstream.chat_requests())
     status, body = await post(gw, "pk-small", "s2", "one more")
     assert status == 429
