@@ -9,6 +9,7 @@ else is handed its collaborators and typed against what it uses (``gateway/keys.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 from pathlib import Path
 from typing import AsyncIterator
@@ -17,6 +18,8 @@ from aiohttp import web
 
 from gateway.ops.admin import setup_admin
 from gateway.chat.pipeline import ChatPipeline, handle_chat
+from gateway.chat.quota import StorageQuota
+from gateway.http.errors import Unauthorized
 from gateway.http.middleware import error_middleware
 from gateway.http.body import body_middleware
 from gateway.http import edge
@@ -62,6 +65,10 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics_endpoint(request: web.Request) -> web.Response:
+    token = request.app[SETTINGS].server.metrics_token.get_secret_value()
+    given = request.headers.get("Authorization", "")
+    if token and not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), f"Bearer {token}".encode()):
+        raise Unauthorized("/metrics requires server.metrics_token (Authorization: Bearer <token>).")
     metrics = request.app[METRICS]
     ledger = request.app[LEDGER]
     metrics.store_bytes.labels("ledger").set(await store_call(ledger.volume_bytes))
@@ -182,14 +189,16 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     loop_parts = dict(upstream=upstream, session_header=settings.session.header, views=views, tools=recall_tools,
                       recorder=recorder, max_rounds=settings.recall.max_rounds, metrics=metrics)
     recall = RecallLoop(**loop_parts)
+    quota = StorageQuota(ledger, settings.store.max_stored_mb,
+                         {name: t.max_stored_mb for name, t in settings.tenant_table().items()})
     pipeline = ChatPipeline(
         settings=settings, upstream=upstream, ledger=ledger, identity=app[IDENTITY], metrics=metrics,
-        views=views, recall=recall, recorder=recorder,
+        views=views, recall=recall, recorder=recorder, quota=quota,
     )
     app[PIPELINE] = pipeline
     response_ids = ResponseIds(settings.store.path)
     pipeline_parts = dict(settings=settings, upstream=upstream, ledger=ledger, identity=app[IDENTITY], metrics=metrics,
-                          views=views, recorder=recorder)
+                          views=views, recorder=recorder, quota=quota)
     responses = ResponsesPipeline(
         **pipeline_parts, response_ids=response_ids,
         compactor=Compactor(ledger=ledger, checkpoints=checkpoints, summarizer=summarizer, views=views,

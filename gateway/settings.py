@@ -33,6 +33,7 @@ class ServerSettings(_Section):
     host: str = Field("127.0.0.1", description="Interface to listen on.")
     port: int = Field(8787, ge=0, le=65535, description="TCP port (0 picks a free one).")
     admin_token: SecretStr = Field(SecretStr(""), description="Bearer token for /admin; empty turns the admin API off.")
+    metrics_token: SecretStr = Field(SecretStr(""), description="Bearer token /metrics requires; empty = /metrics is open.")
     client_keys: Literal["auto", "required", "off"] = Field(
         "auto",
         description="Must /v1 clients present a key listed under [tenants] (401 otherwise)? 'auto': when any operator key is "
@@ -104,6 +105,10 @@ class StoreSettings(_Section):
     )
     pool_size: int = Field(10, ge=1, le=200, description="PostgreSQL connections per replica.")
     retention_days: float = Field(0, ge=0, description="Delete sessions not updated for this many days (0 = keep forever).")
+    max_stored_mb: float = Field(
+        0, ge=0, description="Storage quota per tenant: MiB of stored messages past which its requests get 429 (0 = none); "
+        "[tenants.NAME] max_stored_mb overrides it."
+    )
 
 
 class SessionSettings(_Section):

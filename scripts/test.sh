@@ -5,5 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip
-.venv/bin/pip install -q -e '.[test,clients]'
+.venv/bin/pip install -q -c requirements.lock -e '.[test,clients]'  # the pinned set (scripts/lock.sh)
 exec .venv/bin/python -m pytest -q "$@"

@@ -108,6 +108,10 @@ class LedgerStore(Protocol):
 
     def volume_bytes(self) -> int: ...
 
+    def tenant_bytes(self, tenant: str) -> int:
+        """Bytes of the stored messages of every session of `tenant` (storage quotas)."""
+        ...
+
     def ping(self) -> None:
         """Raise when the store cannot be reached (GET /readyz)."""
         ...

@@ -247,7 +247,12 @@ class Ledger:
     def _transaction(self):
         deadline = time.monotonic() + self._busy_timeout_s
         while True:
-            self._lock.acquire()
+            if not on_event_loop():
+                self._lock.acquire()
+            elif not self._lock.acquire(blocking=False):
+                # A worker thread holds the connection (a big sync): the loop must not wait on it;
+                # `store.call` moves this call to a worker thread too.
+                raise StoreBusy("the ledger is busy with a write in a worker thread")
             try:
                 self._db.execute("BEGIN IMMEDIATE")
                 break
@@ -399,6 +404,12 @@ class Ledger:
 
     def session_count(self) -> int:
         return self._db.execute("SELECT COUNT(*) FROM sessions").fetchone()[0]
+
+    def tenant_bytes(self, tenant: str) -> int:
+        # Session keys are "tenant/hash": the tenant's sessions are one range of the primary key.
+        row = self._db.execute("SELECT COALESCE(SUM(LENGTH(message)), 0) FROM events WHERE session_key >= ? AND session_key < ?",
+                               (tenant + "/", tenant + "0")).fetchone()
+        return int(row[0])
 
     def volume_bytes(self) -> int:
         (pages,) = self._db.execute("PRAGMA page_count").fetchone()

@@ -322,6 +322,11 @@ class PostgresLedger:
     def session_count(self) -> int:
         return self._one("SELECT COUNT(*) FROM sessions", ())[0]
 
+    def tenant_bytes(self, tenant: str) -> int:
+        row = self._one("SELECT COALESCE(SUM(octet_length(message)), 0) FROM events WHERE session_key >= %s AND session_key < %s",
+                        (tenant + "/", tenant + "0"))
+        return int(row[0] or 0)
+
     def volume_bytes(self) -> int:
         row = self._one("SELECT pg_total_relation_size('events') + pg_total_relation_size('sessions')", ())
         return int(row[0] or 0)

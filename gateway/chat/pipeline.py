@@ -1,8 +1,10 @@
 """POST /v1/chat/completions: the per-request pipeline (docs/architecture.md, "A request's path").
 
 1. parse and validate; identify tenant and session,
-2. sync the messages into the ledger (durable before the upstream call),
-3-5. build the view the upstream receives (projection, compaction, recall tools, tailoring),
+2. build the view the upstream receives (projection, compaction, recall tools, tailoring): a
+   request refused here (400 context_length_exceeded, a storage quota) leaves nothing stored,
+3. sync the messages into the ledger (durable before the upstream call; a big sync in a worker
+   thread, so the event loop keeps serving),
 6. forward; resolve recall calls (``RecallLoop``); stream the answer to the client as it comes,
 7. record the answer, update metrics, let the summariser know (``TurnRecorder``).
 
@@ -14,12 +16,14 @@ is then incomplete and is not recorded.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import orjson
 from aiohttp import web
 
 from gateway.chat import offload
+from gateway.chat.quota import StorageQuota
 from gateway.chat.recall_loop import RecallLoop, body_without_recall
 from gateway.chat.turn import Timing, Turn, TurnRecorder, clean_usage
 from gateway.chat.views import View, ViewBuilder
@@ -30,10 +34,13 @@ from gateway.http.upstream import Upstream, response_headers
 from gateway.keys import LOG_FIELDS, MODEL, PIPELINE, REQUEST_ID, SESSION, TENANT, UPSTREAM_KEY
 from store import call as store_call
 
+# A request this long is synced in a worker thread even when its body is small.
+BIG_SYNC_MESSAGES = 2000
+
 
 class ChatPipeline:
     def __init__(self, *, settings, upstream: Upstream, ledger, identity: Identity, metrics, views: ViewBuilder,
-                 recall: RecallLoop, recorder: TurnRecorder) -> None:
+                 recall: RecallLoop, recorder: TurnRecorder, quota: StorageQuota | None = None) -> None:
         self.settings = settings
         self.upstream = upstream
         self.ledger = ledger
@@ -42,6 +49,7 @@ class ChatPipeline:
         self.views = views
         self.recall = recall
         self.recorder = recorder
+        self.quota = quota
         self._drop = frozenset({settings.session.header.lower()})
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -52,17 +60,17 @@ class ChatPipeline:
         request[MODEL] = model_label
         # The fingerprint fallback (when enabled) names the session by its first event.
         ref = self.identity.session(request, tenant, ids[0] if ids else None)
-        if ref is not None and ids:
-            synced = await store_call(self.ledger.sync, ref, chat.history, ids, chat.model)  # off the loop on PostgreSQL
-            chat.ids = synced.ids
-            if synced.added:
-                self.metrics.ledger_events.labels("message").inc(synced.added)
         request[TENANT] = tenant
         if ref is not None:
             request[SESSION] = ref.key
+            chat.ids = ids
+            if self.quota is not None:
+                await self.quota.check(tenant)  # 429 before anything is stored
         # The client's credential (Authorization, or Azure-style api-key) for summary and discovery calls.
         auth = {h: v for h in ("Authorization", "api-key") if (v := request.headers.get(h))} or None
         view = await offload.build_view(self.views, chat, ref, auth) if ref is not None else View()
+        if ref is not None and ids:
+            await self._sync(ref, chat, ids)
         turn = Turn(chat, ref, model_label, timing, view, auth=auth)
         turn.headers["x-request-id"] = request.get(REQUEST_ID, "")
         if ref is not None:
@@ -96,6 +104,9 @@ class ChatPipeline:
             }
             if turn.failure is not None:  # the status line said 200; the stream ended with this error
                 request[LOG_FIELDS]["stream_error"] = turn.failure.code
+
+    async def _sync(self, ref, chat, ids: list[str]) -> None:
+        await sync_history(self.ledger, self.metrics, self.quota, ref, chat, ids)
 
     # -- forwarding ------------------------------------------------------------------------
 
@@ -187,6 +198,25 @@ class ChatPipeline:
                     assembler.add(orjson.loads(data))
                 except (orjson.JSONDecodeError, AttributeError, TypeError):
                     continue
+
+
+async def sync_history(ledger, metrics, quota: StorageQuota | None, ref, chat, ids: list[str]) -> None:
+    """The request's messages into the ledger; a big request's in a worker thread (the
+    embedded ledger then answers the event loop's own writes from threads too)."""
+    if offload.is_big(chat.raw) or len(ids) >= BIG_SYNC_MESSAGES:
+        synced = await asyncio.to_thread(ledger.sync, ref, chat.history, ids, chat.model)
+    else:
+        synced = await store_call(ledger.sync, ref, chat.history, ids, chat.model)  # off the loop on PostgreSQL
+    chat.ids = synced.ids
+    if synced.added:
+        metrics.ledger_events.labels("message").inc(synced.added)
+        if quota is not None:
+            quota.stored(ref.tenant, stored_bytes(chat.history[-synced.added:]))
+
+
+def stored_bytes(messages: list[dict]) -> int:
+    """About what the ledger stores for `messages` (their JSON), for the storage quota."""
+    return sum(len(orjson.dumps(m)) for m in messages)
 
 
 def _many_choices(body: dict) -> bool:

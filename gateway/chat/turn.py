@@ -183,6 +183,9 @@ class TurnRecorder:
 
     def observe(self, turn: Turn) -> None:
         m = self.metrics
+        if turn.status == 200:
+            m.model_answered(turn.chat.model)
+            turn.model_label = m.model_label(turn.chat.model)
         self.bill(turn)
         self.direct(turn)
         elapsed = time.perf_counter() - turn.timing.started

@@ -35,7 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     inspect.add_argument("--json", action="store_true", help="Machine-readable output.")
     delete = sub.add_parser("delete", help="Delete a session: its ledger events, checkpoints and recall index.")
     delete.add_argument("--config", help="TOML settings file.")
-    delete.add_argument("session", help="Session key (tenant/hash) or session id.")
+    delete.add_argument("wanted", nargs="?", metavar="SESSION",
+                        help="Session key (tenant/hash) or session id; refused when it could name two sessions.")
+    delete.add_argument("--key", help="Exactly this session key (tenant/hash).")
+    delete.add_argument("--session", help="The session with this id (the X-Session-Id a client sent).")
+    delete.add_argument("--tenant", help="With --session: the tenant it belongs to.")
     demo = sub.add_parser("demo", help="Offline demo: a simulated upstream, a long agent session, recall.")
     demo.add_argument("--rounds", type=int, default=40, help="Rounds of the bundled agent session to replay.")
     demo.add_argument("--keep", action="store_true", help="Keep the demo's store directory.")
@@ -64,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "reindex":
         return asyncio.run(reindex_all(settings))
     if args.command == "delete":
-        return asyncio.run(delete_session_cli(settings, args.session))
+        return asyncio.run(delete_session_cli(settings, args.wanted, key=args.key, session=args.session, tenant=args.tenant))
     if args.command == "inspect":
         from gateway.cli.inspect import run_inspect
 
@@ -150,22 +154,37 @@ async def reindex_all(settings: Settings) -> int:
     return 0
 
 
-async def delete_session_cli(settings: Settings, wanted: str) -> int:
-    """`palimpsest delete SESSION`: against the configured store (embedded or PostgreSQL)."""
+async def delete_session_cli(settings: Settings, wanted: str | None = None, *, key: str | None = None,
+                             session: str | None = None, tenant: str | None = None) -> int:
+    """`palimpsest delete SESSION | --key KEY | --session ID [--tenant T]`: against the
+    configured store (embedded or PostgreSQL). A client names its own session ids, so one may
+    look like another tenant's key ("alice/f99..."): a SESSION that matches more than one
+    session, as a key and as an id or as the id of several tenants, is refused."""
     from gateway.app import open_index
     from store import close_stores, delete_session, open_stores
     from store.turns import TurnLog
 
+    if sum(x is not None for x in (wanted, key, session)) != 1 or (tenant is not None and session is None):
+        print("palimpsest: give one of SESSION, --key KEY or --session ID (--tenant only with --session)", file=sys.stderr)
+        return 2
     ledger, checkpoints = open_stores(settings.store)
     turns = TurnLog(settings.store.path, synchronous=settings.store.sync)
     index = None
     try:
-        record = ledger.session(wanted)
-        matches = [record] if record else [r for r in ledger.sessions() if r.session_id == wanted]
+        if key is not None:
+            found = [ledger.session(key)]
+        elif session is not None:
+            found = [r for r in ledger.sessions(tenant) if r.session_id == session]
+        else:
+            found = [ledger.session(wanted), *(r for r in ledger.sessions() if r.session_id == wanted)]
+        matches = {r.key: r for r in found if r}
         if len(matches) != 1:
-            print(f"palimpsest: {'no' if not matches else 'more than one'} session '{wanted}'"
-                  + (" (give tenant/hash)" if matches else ""), file=sys.stderr)
+            asked = key or session or wanted
+            print(f"palimpsest: {'no' if not matches else 'more than one'} session '{asked}'"
+                  + (f" ({', '.join(sorted(matches))}): pass --key, or --session with --tenant" if matches else ""),
+                  file=sys.stderr)
             return 1
+        matches = list(matches.values())
         index = await asyncio.to_thread(open_index, settings, None)
         deleted = await delete_session(matches[0].key, ledger=ledger, checkpoints=checkpoints, index=index, turns=turns)
         _forget_turns(settings, matches[0].key)

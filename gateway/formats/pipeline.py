@@ -1,7 +1,8 @@
 """The request steps every wire format's pipeline shares (docs/architecture.md, "Wire formats").
 
-``WirePipeline`` runs one request of an adapter's API on the neutral model: the ledger sync
-(durable before the upstream call), the view (shared ``ViewBuilder``), the turn's headers, the
+``WirePipeline`` runs one request of an adapter's API on the neutral model: the storage quota,
+the view, the ledger sync (after the view, so a request refused for the window stores nothing;
+durable before the upstream call), the view (shared ``ViewBuilder``), the turn's headers, the
 choice between the recall loop and the plain relay, and what is observed and logged at the end.
 The plain relay forwards the client's bytes when the view is unchanged (else the rendered view),
 streams the upstream's bytes to the client as they come and reads the stream on the side
@@ -19,6 +20,7 @@ import orjson
 from aiohttp import web
 
 from gateway.chat import offload
+from gateway.chat.pipeline import sync_history
 from gateway.chat.turn import Timing, Turn, TurnRecorder
 from gateway.chat.views import View, ViewBuilder
 from gateway.http.errors import GatewayError, UpstreamIncomplete
@@ -26,7 +28,6 @@ from gateway.http.identity import Identity
 from gateway.http.sse import SSEDecoder
 from gateway.http.upstream import Upstream, response_headers
 from gateway.keys import LOG_FIELDS, MODEL, REQUEST_ID, SESSION, TENANT, UPSTREAM_KEY
-from store import call as store_call
 from store.ledger import SessionRef
 
 
@@ -47,7 +48,7 @@ class WirePipeline:
     credentials: tuple[str, ...] = ("Authorization", "api-key")
 
     def __init__(self, *, settings, upstream: Upstream, ledger, identity: Identity, metrics, views: ViewBuilder,
-                 recorder: TurnRecorder, loop=None) -> None:
+                 recorder: TurnRecorder, quota=None, loop=None) -> None:
         self.settings = settings
         self.upstream = upstream
         self.ledger = ledger
@@ -55,6 +56,7 @@ class WirePipeline:
         self.metrics = metrics
         self.views = views
         self.recorder = recorder
+        self.quota = quota  # per-tenant storage quotas (gateway/chat/quota.py)
         self.loop = loop  # the format's RecallLoop, set by the composition root
         self._drop = frozenset({settings.session.header.lower()})
 
@@ -100,15 +102,21 @@ class WirePipeline:
         """The client's credential headers, kept in memory for the gateway's own calls."""
         return {h: v for h in self.credentials if (v := request.headers.get(h))} or None
 
-    async def sync(self, request: web.Request, chat, ids: list[str], ref: SessionRef | None) -> None:
-        """The conversation into the ledger, before anything goes upstream."""
-        if ref is None or not ids:
+    async def admit(self, request: web.Request, chat, ids: list[str], ref: SessionRef | None) -> None:
+        """Before anything is built or stored: the session named, the tenant within its storage
+        quota (429)."""
+        if ref is None:
             return
-        synced = await store_call(self.ledger.sync, ref, chat.history, ids, chat.model)
-        chat.ids = synced.ids
-        if synced.added:
-            self.metrics.ledger_events.labels("message").inc(synced.added)
         request[SESSION] = ref.key
+        chat.ids = ids
+        if self.quota is not None and ids:
+            await self.quota.check(ref.tenant)
+
+    async def sync(self, request: web.Request, chat, ids: list[str], ref: SessionRef | None) -> None:
+        """The conversation into the ledger: after the view is built (a request refused for the
+        window leaves nothing behind), before anything goes upstream."""
+        if ref is not None and ids:
+            await sync_history(self.ledger, self.metrics, self.quota, ref, chat, ids)
 
     async def view(self, chat, ref: SessionRef | None, auth) -> View:
         return await offload.build_view(self.views, chat, ref, auth) if ref is not None and chat.ids else View()
@@ -136,9 +144,10 @@ class WirePipeline:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         timing, tenant, chat, ids = await self.start(request)
         ref = self.identity.session(request, tenant, ids[0] if ids else None)
-        await self.sync(request, chat, ids, ref)
+        await self.admit(request, chat, ids, ref)
         auth = self.auth(request)
         view = await self.view(chat, ref, auth)
+        await self.sync(request, chat, ids, ref)
         return await self.serve(request, self.turn(request, chat, ref, timing, view, auth))
 
     async def serve(self, request: web.Request, turn: Turn) -> web.StreamResponse:

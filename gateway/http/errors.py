@@ -9,6 +9,7 @@
     ├── RequestTimeout            408 (the request body did not arrive in time; closes the connection)
     ├── PayloadTooLarge           413
     ├── UnsupportedEncoding       415 (a Content-Encoding the gateway cannot decode)
+    ├── StorageQuotaExceeded      429 insufficient_quota (the tenant's stored messages fill its quota)
     ├── UpstreamUnreachable       502 (refused, reset, malformed)
     │   ├── UpstreamIncomplete    502 (the stream ended before its finish_reason)
     │   └── UpstreamErrorEvent    502 (the provider's error event inside a stream, relayed as it said it)
@@ -96,6 +97,12 @@ class UnsupportedEncoding(GatewayError):
     status = 415
     type = "invalid_request_error"
     code = "unsupported_content_encoding"
+
+
+class StorageQuotaExceeded(GatewayError):
+    status = 429
+    type = "insufficient_quota"
+    code = "storage_quota_exceeded"
 
 
 class UpstreamUnreachable(GatewayError):

@@ -1,8 +1,10 @@
 """Prometheus metrics, prefix ``palimpsest_``, base units (seconds, bytes, tokens as counters).
 
 Each app has its own registry (no module globals), so tests can run several gateways in one
-process. Label values are bounded: models outside the first ``MODEL_LABEL_CAP`` seen (or the
-configured ones) are reported as ``other``; routes are the gateway's own route names.
+process. Label values are bounded and never a client's free text: a model is its own label when
+it is configured or the upstream has answered a request for it (up to ``MODEL_LABEL_CAP``),
+everything else is ``other`` (a model name can be anything, a pasted key included); routes are
+the gateway's own route names.
 """
 
 from __future__ import annotations
@@ -89,12 +91,12 @@ class Metrics:
     def model_label(self, model: str | None) -> str:
         if not model:
             return "none"
-        if model in self._models:
-            return model
-        if len(self._models) < self._model_cap and len(model) <= 64:
+        return model if model in self._models else "other"
+
+    def model_answered(self, model: str) -> None:
+        """The upstream answered a request for `model`: it may be a label from now on."""
+        if model not in self._models and len(self._models) < self._model_cap and len(model) <= 64:
             self._models.add(model)
-            return model
-        return "other"
 
     def upstream_error(self, status: int | None = None, kind: str | None = None) -> None:
         """Count an upstream failure: its HTTP status class, or 'unreachable' / 'timeout'."""

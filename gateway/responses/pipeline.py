@@ -107,14 +107,16 @@ class ResponsesPipeline(WirePipeline):
             except LookupError:
                 raise BadRequest("The compaction item in 'input' was not made for this conversation.", param="input") from None
             ids = path_ids(chat.history)
-        await self.sync(request, chat, ids, ref)
+        await self.admit(request, chat, ids, ref)
         auth = self.auth(request)
         if chat.compact and ref is not None and ids:
+            await self.sync(request, chat, ids, ref)
             item = await self._compact(chat, ref, auth)
             return await self.compactor.answer_trigger(request, chat, item, {"x-request-id": request.get(REQUEST_ID, "")})
         view = await self.view(chat, ref, auth)
         if rewritten and view.messages is None:
             view.messages = [*chat.instructions, *chat.history]
+        await self.sync(request, chat, ids, ref)
         return await self.serve(request, self.turn(request, chat, ref, timing, view, auth))
 
     async def _continued(self, request: web.Request, chat, tenant: str) -> tuple[SessionRef | None, list[dict]]:
@@ -175,6 +177,7 @@ class ResponsesPipeline(WirePipeline):
                 payload = await self.upstream.reader(up).read()
                 return web.Response(status=up.status, reason=up.reason, body=payload,
                                     headers=response_headers(up.headers, decoded=True))
+        await self.admit(request, chat, ids, ref)
         await self.sync(request, chat, ids, ref)
         item = await self._compact(chat, ref, self.auth(request))
         return web.json_response(self.compactor.compacted(chat, item), headers={"x-request-id": request.get(REQUEST_ID, "")})

@@ -170,3 +170,14 @@ async def _detail(gw, key: str) -> dict:
     async with aiohttp.ClientSession() as s:
         async with s.get(f"{gw.root}/admin/sessions/{key}", headers={"Authorization": f"Bearer {TOKEN}"}) as r:
             return await r.json()
+
+
+async def test_a_crafted_fragment_cannot_send_the_token_elsewhere(start_gateway, upstream, browser):
+    """`#session=../../v1/x` made the page fetch /v1/x with the admin token; now a session key
+    of the wrong shape is refused before any request, and the gateway never forwards the token."""
+    gw = await start_gateway(server={"admin_token": TOKEN})
+    for fragment in ("session=../../v1/x", "session=..%2F..%2Fv1%2Fx", "session=a/0123456789abcdef0123&head=../../v1/x"):
+        await browser.send("Page.navigate", url=f"{gw.root}/admin/ui#token={TOKEN}&{fragment}")
+        assert await browser.wait_for("document.body && document.body.dataset.state") == "error"
+        assert "not a session key" in await browser.evaluate("document.querySelector('.error').textContent")
+    assert upstream.received == []  # nothing, and so no admin token, went upstream

@@ -309,3 +309,23 @@ async def test_re_serialised_tool_arguments_keep_one_branch(gateway, upstream):
     ledger, record, events = session_events(gateway, "redump")
     assert len(ledger.heads(record.key)) == 1
     assert [e.role for e in events] == ["user"] + ["assistant", "tool"] * 3 + ["assistant"]
+
+
+async def test_cli_delete_refuses_a_session_id_that_looks_like_another_tenants_key(start_gateway, capsys):
+    """Bob names a session after alice's key: `delete alice/...` must not pick alice's silently."""
+    from gateway.cli.main import delete_session_cli
+
+    gw = await start_gateway(tenants={"alice": "pk-alice", "bob": "pk-bob"})
+    await client(gw, session="notes", key="pk-alice").chat.completions.create(model="m", messages=[{"role": "user", "content": "a"}])
+    alice_key = next(r.key for r in gw.app[LEDGER].sessions())
+    await client(gw, session=alice_key, key="pk-bob").chat.completions.create(model="m", messages=[{"role": "user", "content": "b"}])
+    bob_key = next(r.key for r in gw.app[LEDGER].sessions() if r.tenant == "bob")
+    settings = gw.settings
+    await gw.stop()
+    assert await delete_session_cli(settings, alice_key) == 1  # a key and an id: ambiguous, nothing deleted
+    assert "more than one" in capsys.readouterr().err
+    assert await delete_session_cli(settings, session=alice_key, tenant="bob") == 0
+    assert f"deleted {bob_key}" in capsys.readouterr().out
+    assert await delete_session_cli(settings, key=alice_key) == 0
+    assert f"deleted {alice_key}" in capsys.readouterr().out
+    assert await delete_session_cli(settings, alice_key, key=alice_key) == 2  # one way to name it

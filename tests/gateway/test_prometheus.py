@@ -197,3 +197,28 @@ async def test_prometheus_scrapes_savings_and_latency(start_gateway, upstream, p
                   "Upstream latency p50 / p99 by model", "Request rate by route, model, status",
                   "Compaction replacements by pass", "Summary jobs", "Store size by component"):
         assert title in with_data, f"panel {title!r} shows no data"
+
+
+async def test_model_labels_are_configured_or_answered_models_only(start_gateway, upstream):
+    gw = await start_gateway(models={"configured-model": {"context_window": 8000}})
+    api = openai.AsyncOpenAI(base_url=gw.base_url, api_key="sk-x", max_retries=0, default_headers={"X-Session-Id": "labels"})
+    for model in ("sk-leak-0123456789abcdef", "sk-leak-0123456789abcdef"):
+        with pytest.raises(openai.NotFoundError):  # the upstream does not know it
+            await api.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}])
+    await api.chat.completions.create(model="fake-32k", messages=[{"role": "user", "content": "hi"}])
+    async with aiohttp.ClientSession() as s:
+        async with s.get(gw.root + "/metrics") as r:
+            text = await r.text()
+    assert "sk-leak" not in text
+    assert 'palimpsest_requests_total{model="other",route="chat",status="404"} 2.0' in text
+    assert 'palimpsest_requests_total{model="fake-32k",route="chat",status="200"} 1.0' in text
+
+
+async def test_metrics_token_guards_metrics(start_gateway):
+    gw = await start_gateway(server={"metrics_token": "mt-secret"})
+    async with aiohttp.ClientSession() as s:
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            async with s.get(gw.root + "/metrics", headers=headers) as r:
+                assert r.status == 401 and (await r.json())["error"]["type"] == "authentication_error"
+        async with s.get(gw.root + "/metrics", headers={"Authorization": "Bearer mt-secret"}) as r:
+            assert r.status == 200 and "palimpsest_requests_total" in await r.text()

@@ -49,7 +49,7 @@ async def test_stateless_routes_pass_without_the_clients_account_headers(guarded
     status, _ = await call(guarded, "POST", "/embeddings", "pk-alice", json={"model": "e", "input": "a"}, headers=CLIENT_EXTRAS)
     assert status == 200
     status, _ = await call(guarded, "POST", "/moderations", "pk-alice", json={"input": "a"}, headers=CLIENT_EXTRAS)
-    assert status == 200
+    assert status == 404  # passed on: the simulated provider serves no moderations, and says so
     body = {"model": "fake-32k", "messages": [{"role": "user", "content": "hi"}]}
     status, _ = await call(guarded, "POST", "/chat/completions", "pk-alice", json=body, headers=CLIENT_EXTRAS)
     assert status == 200
@@ -60,8 +60,9 @@ async def test_stateless_routes_pass_without_the_clients_account_headers(guarded
 
 
 async def test_a_tenants_own_upstream_key_reaches_every_route(guarded, upstream):
-    status, echo = await call(guarded, "GET", "/files?limit=2", "pk-beta", headers=CLIENT_EXTRAS)
-    assert status == 200 and echo["path"] == "/v1/files"
+    # /v1/echo/* is the simulator's echo of any route: a stateful one on the operator's key.
+    status, echo = await call(guarded, "GET", "/echo/files?limit=2", "pk-beta", headers=CLIENT_EXTRAS)
+    assert status == 200 and echo["path"] == "/v1/echo/files"
     body = {"model": "fake-32k", "messages": [{"role": "user", "content": "hi"}]}
     status, _ = await call(guarded, "POST", "/chat/completions", "pk-beta", json=body)
     assert status == 200
@@ -72,16 +73,17 @@ async def test_a_tenants_own_upstream_key_reaches_every_route(guarded, upstream)
 
 async def test_listed_routes_pass_on_the_operator_key(start_gateway, upstream):
     gw = await start_gateway(upstream={"api_key": OPERATOR}, tenants={"alice": "pk-alice"},
-                             server={"passthrough_routes": ["GET /v1/files*", "/v1/batches"]})
-    assert (await call(gw, "GET", "/files/file-1", "pk-alice"))[0] == 200
-    assert (await call(gw, "POST", "/batches", "pk-alice", json={}))[0] == 200
-    assert (await call(gw, "DELETE", "/files/file-1", "pk-alice"))[0] == 403
-    assert [(r["method"], r["path"]) for r in upstream.received] == [("GET", "/v1/files/file-1"), ("POST", "/v1/batches")]
+                             server={"passthrough_routes": ["GET /v1/echo/files*", "/v1/echo/batches"]})
+    assert (await call(gw, "GET", "/echo/files/file-1", "pk-alice"))[0] == 200
+    assert (await call(gw, "POST", "/echo/batches", "pk-alice", json={}))[0] == 200
+    assert (await call(gw, "DELETE", "/echo/files/file-1", "pk-alice"))[0] == 403
+    assert [(r["method"], r["path"]) for r in upstream.received] == [("GET", "/v1/echo/files/file-1"),
+                                                                     ("POST", "/v1/echo/batches")]
 
 
 async def test_without_an_operator_key_the_clients_own_key_reaches_every_route(start_gateway, upstream):
     gw = await start_gateway()
-    status, _ = await call(gw, "GET", "/files", "sk-client-own", headers=CLIENT_EXTRAS)
+    status, _ = await call(gw, "GET", "/echo/files", "sk-client-own", headers=CLIENT_EXTRAS)
     assert status == 200
     assert upstream.received[-1]["headers"]["authorization"] == "Bearer sk-client-own"
     assert upstream.received[-1]["headers"]["openai-project"] == "proj-client"

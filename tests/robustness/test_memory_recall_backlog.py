@@ -12,19 +12,19 @@ from __future__ import annotations
 import asyncio
 
 from gateway.keys import METRICS, PIPELINE
-from gateway.recall import auto
 from simulator.workloads import TOOL_SPECS
 from tests.gateway.test_recall import client, long_history
 from tests.gateway.test_recall_auto import blocks, forwarded
 
 
-async def drained() -> None:
+async def drained(gw) -> None:
     """Wait for late searches (a cold index's first ones may outlive 0.2 s) to end."""
+    late = gw.app[PIPELINE].recall.tools.late_searches
     for _ in range(400):
-        if not auto._LATE:
+        if not late:
             break
         await asyncio.sleep(0.05)
-    assert not auto._LATE
+    assert not late
 
 
 def outcome(registry, name: str) -> float:
@@ -34,7 +34,7 @@ def outcome(registry, name: str) -> float:
 async def test_a_session_with_a_late_search_starts_no_other_until_it_ends(start_gateway, upstream):
     gw = await start_gateway(recall={"auto_tokens": 800, "auto_timeout_s": 0.2})
     s, history = await long_history(gw, session="auto-backlog")
-    await drained()
+    await drained(gw)
     tools = gw.app[PIPELINE].recall.tools
     registry = gw.app[METRICS].registry
     real, release, started = tools.find, asyncio.Event(), []
@@ -54,11 +54,11 @@ async def test_a_session_with_a_late_search_starts_no_other_until_it_ends(start_
     assert len(started) == 1, "one search in flight for the session, not one per request"
     assert outcome(registry, "timeout") == timeouts + 1
     assert outcome(registry, "busy") == busy + 3
-    assert len(auto._LATE) == 1
+    assert len(tools.late_searches) == 1
 
     # Once the late search ends, the session searches again (and finds the hidden fact).
     release.set()
-    await drained()
+    await drained(gw)
     tools.find = real
     n_before = len(upstream.chat_requests())
     question = {"role": "user", "content": f"Quick check before we go on: {s.facts[1].question}"}
@@ -71,7 +71,7 @@ async def test_other_sessions_still_search_while_one_is_behind(start_gateway, up
     gw = await start_gateway(recall={"auto_tokens": 800, "auto_timeout_s": 0.2})
     slow, slow_history = await long_history(gw, session="auto-behind")
     fast, fast_history = await long_history(gw, session="auto-fine")
-    await drained()
+    await drained(gw)
     tools = gw.app[PIPELINE].recall.tools
     real, release, behind = tools.find, asyncio.Event(), []
 
@@ -94,4 +94,4 @@ async def test_other_sessions_still_search_while_one_is_behind(start_gateway, up
         assert found and fast.facts[1].answer in found[0][1]
     finally:
         release.set()
-        await drained()
+        await drained(gw)

@@ -91,3 +91,25 @@ async def test_gateway_serves_healthz_while_the_ledger_is_locked(start_gateway, 
         assert response.status == 200
         response.release()
     assert len(upstream.chat_requests()) == 1
+
+
+async def test_a_write_in_a_worker_thread_does_not_block_the_loops_writes(tmp_path):
+    """A big sync runs in a worker thread holding the shared connection: a write from the loop
+    meanwhile moves to a thread itself (StoreBusy), so the loop keeps running."""
+    ledger = Ledger(tmp_path)
+    loop_ran = threading.Event()
+    released_by = []
+
+    def big_write() -> None:
+        with ledger._transaction():  # the worker's transaction, as a big sync holds it
+            released_by.append("loop" if loop_ran.wait(10) else "timeout")
+
+    worker = asyncio.create_task(asyncio.to_thread(big_write))
+    await asyncio.sleep(0.05)
+    write = asyncio.create_task(store.call(ledger.sync, SessionRef("t", "s"), [{"role": "user", "content": "hi"}]))
+    await asyncio.sleep(0.05)  # the loop is free while the worker holds the lock...
+    loop_ran.set()  # ...so this runs, and lets the worker finish
+    await worker
+    synced = await write
+    assert released_by == ["loop"] and synced.added == 1
+    ledger.close()
