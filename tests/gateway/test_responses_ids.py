@@ -7,6 +7,7 @@ import aiohttp
 import openai
 import pytest
 
+from gateway.keys import LEDGER
 from simulator.puppet import RECEIVED
 from tests.gateway.test_responses import gateway_config, responses_bodies
 from tests.support.agent import RESPONSES_TOOLS
@@ -98,3 +99,13 @@ async def test_on_the_operators_key_a_relayed_response_stays_its_tenants(start_g
     assert second.output_text.startswith("ok:")
     assert all(r["headers"].get("authorization") == "Bearer sk-operator" for r in upstream.app[RECEIVED]
                if r["path"].endswith("/responses") or "/responses/" in r["path"])
+
+
+async def test_a_responses_request_refused_for_the_window_stores_nothing(start_gateway, upstream):
+    gw = await start_gateway(**gateway_config("responses"))
+    huge = "word " * 40_000  # one user message bigger than the 32k window
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client(gw, "sk-a", session="too-big").responses.create(model="fake-32k", input=huge, store=False)
+    assert refused.value.code == "context_length_exceeded"
+    assert responses_bodies(upstream) == []
+    assert not [s for s in gw.app[LEDGER].sessions() if s.session_id == "too-big" and s.events]
