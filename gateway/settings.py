@@ -306,8 +306,13 @@ def example_toml() -> str:
     lines += [
         "# Context windows by model name. Without an entry the window is discovered from the upstream's",
         "# /v1/models (context_length, max_model_len, ...), else a conservative default is used.",
+        "# Prices ($ per 1M tokens) override the built-in table of well-known models (policies/prices.py).",
         '# [models."gpt-4o"]',
         "# context_window = 128000",
+        "# input_price = 2.50",
+        "# cached_input_price = 1.25",
+        "# cache_write_price = 2.50",
+        "# output_price = 10.00",
         "",
         "# Named tenants: requests whose API key matches are stored under the tenant's name instead",
         "# of a hash of the key. Keys are compared in constant time and never logged.",

@@ -219,3 +219,14 @@ def test_a_wall_of_identifiers_is_too_long_in_tokens_though_short_in_words():
     assert validate_summary(GOOD, {}, policy, tokens=250) == []
     problems = validate_summary(GOOD, {}, policy, tokens=301)
     assert len(problems) == 1 and "301 tokens" in problems[0] and "exact value" in problems[0]
+
+
+def test_has_secret_looks_at_text_and_call_arguments():
+    from policies.summary import has_secret
+
+    patterns = Policy().redact_patterns
+    assert not has_secret([user("hello"), assistant("fine")], patterns)
+    assert has_secret([user("my key is sk-" + "x" * 20)], patterns)
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"cmd": "login password=hunter22"}'}}]}
+    assert has_secret([call], patterns)
