@@ -556,8 +556,8 @@ def render(result: dict) -> str:
         "rejections (non-200) of forwarded requests;",
         "prefix: mean share of each upstream prompt's tokens equal to the previous prompt's prefix "
         "(what a prompt cache can serve); kept: mean share of the previous prompt kept as prefix; "
-        "cached: puppet-reported cached_tokens / prompt_tokens (its cache compares with the "
-        "previous request of the model, summary calls included);",
+        "cached: puppet-reported cached_tokens / prompt_tokens of forwarded requests (simulator/cache.py: "
+        "a prefix shared with any earlier request of the model, >= 1024 tokens, steps of 128);",
         "sum calls/tok: summary calls and their prompt+completion tokens (puppet usage); "
         "sum/saved: summary tokens / (client - upstream tokens);",
         "med/win: median forwarded prompt / window; facts: planted facts recalled (agent loops: each "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from policies.cost import cost_rates, event_pays, further_requests
 from policies.messages import content_text, tool_names_by_call_id, with_text
 from policies.policy import Policy
 from policies.rounds import split_rounds
@@ -128,9 +129,16 @@ def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int
     instead of rewriting the prefix on its own; a ``forced`` one (written on a request's own path
     because it did not fit) makes its round an event. The plan is a pure function of the path and
     its checkpoints, so every replica and every restart builds the same view.
+
+    Between ``compact_trigger_ratio`` and ``sync_compaction_ratio`` an event happens only when
+    it pays (``policies/cost.event_pays``): the rewritten prefix, billed uncached, against the
+    cached-rate saving of the smaller view over the session's likely further requests (its
+    rounds so far). Over ``sync_compaction_ratio``, or with ``cost_model`` off, it always does.
     Returns (index into ``marks`` or None, frontier round).
     """
     high = policy.compact_trigger_ratio * budget
+    must = policy.sync_compaction_ratio * budget
+    rates = cost_rates(policy)
     low = policy.view_target_ratio * budget
     round_of = [0] * (rounds[-1][1] if rounds else 0)
     for r, (a, b) in enumerate(rounds):
@@ -143,6 +151,7 @@ def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int
         view += size
         if view <= high and n not in forced:
             continue
+        before = (active, first, frontier, view)
         for i in range(len(marks) - 1, -1 if active is None else active, -1):
             mark = marks[i]
             if mark.after < len(round_of) and (round_of[mark.after] < n or mark.forced and round_of[mark.after] == n) \
@@ -152,6 +161,9 @@ def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int
                 view = (fixed + mark.tokens + sum(compacted[first:frontier]) + sum(raw[frontier:n + 1]))
                 break
         frontier, view = _jump(raw, compacted, frontier, view, n, low, policy)
+        if (policy.cost_model and n not in forced and before[3] <= must
+                and not event_pays(before[3], view, further_requests(n + 1), rates)):
+            active, first, frontier, view = before  # not worth its rewrite yet: the view appends
     return active, frontier
 
 

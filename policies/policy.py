@@ -167,8 +167,16 @@ class Policy(BaseModel):
         description="Regexes removed from summary input: secrets must not be copied into a long-lived summary.",
     )
     summary_cache_fork: bool = Field(
-        False, description="Summarize by appending one instruction to the parent prompt so the provider's prompt cache hits."
+        True, description="When the summary model is the request's model: send the view just sent (same system, tools and "
+        "messages) plus one instruction, so the provider's prompt cache serves the summary call's input."
     )
+    cost_model: bool = Field(
+        True, description="Compaction events between compact_trigger_ratio and sync_compaction_ratio, and summary jobs, only "
+        "when they pay for themselves (policies/cost.py); off: the ratios trigger unconditionally."
+    )
+    cached_input_rate: float = Field(0.1, ge=0, le=1, description="A cached input token's price / an uncached one's (cost model).")
+    cache_write_rate: float = Field(1.0, ge=0, le=10, description="A cache-written input token's price / an uncached one's (1.0 OpenAI, 1.25 Anthropic).")
+    output_rate: float = Field(4.0, ge=0, le=100, description="An output token's price / an uncached input token's (cost model).")
     summary_timeout_s: float = Field(60.0, gt=0, description="Upper bound for one summary call.")
     sync_budget_s: float = Field(
         8.0, gt=0, description="Time a request may wait for a synchronous summary before going out tailored with the exact values."

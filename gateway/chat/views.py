@@ -67,6 +67,7 @@ class View:
     raw_estimate: int = 0  # uncalibrated estimate of what goes upstream (calibration input)
     truncated_tool_results: int = 0  # tool results cut head/tail in the outgoing copy
     truncated_last_message: bool = False  # the newest user message was cut (policy opted in)
+    dropped: int = 0  # messages tailoring left out (a summary fork would not see them)
 
     def body(self, chat: ChatRequest) -> bytes:
         if self.messages is None:
@@ -130,7 +131,9 @@ class ViewBuilder:
 
         found, frontier = self._plan(chat, policy, checkpoints, positions, budget)
         projection = self._project(chat, policy, found, budget=budget, frontier=frontier)
-        if projection.tokens > policy.sync_compaction_ratio * budget and self.summarizer is not None:
+        # With the cost model, a conversation that fits as it came never waits for a summary.
+        must_fold = not policy.cost_model or client_tokens > budget
+        if projection.tokens > policy.sync_compaction_ratio * budget and self.summarizer is not None and must_fold:
             started = time.perf_counter()
             checkpoint = await self.summarizer.sync(ref, chat, policy, auth, deadline=started + policy.sync_budget_s, budget=budget)
             self.metrics.sync_wait_seconds.observe(time.perf_counter() - started)
@@ -159,6 +162,7 @@ class ViewBuilder:
                 "keep_recent_tokens": max(projection.raw_tail_tokens, 1)})
         view.truncated_tool_results = projection.truncated + projection.truncated_tools
         view.truncated_last_message = projection.truncated_last
+        view.dropped = projection.dropped
         if projection.compacted or projection.truncated:
             self.metrics.compaction_replacements.labels("placeholder").inc(projection.compacted)
             self.metrics.compaction_replacements.labels("truncate").inc(projection.truncated)

@@ -40,9 +40,11 @@ import time
 from gateway.chat.offload import pure as off_loop  # big deltas are read in a worker thread, off the event loop
 from gateway.http.upstream import Upstream
 from gateway.jobs.backoff import Breaker, SessionBackoff
+from gateway.jobs.pace import summary_due
 from gateway.settings import SummarySettings
 from gateway.jobs.budget import TenantBudget
-from gateway.jobs.summary_model import Auth, BudgetExceeded, SummaryFailed, SummaryJob, SummaryModel, SummaryRejected
+from gateway.jobs.summary_model import (Auth, BudgetExceeded, SummaryFailed, SummaryJob, SummaryModel, SummaryRejected,
+                                        fork_applies, fork_parent)
 from policies import Policy, TokenCounter, choose_boundary, chunk_messages, extract_exact_values, merge_state
 from policies.extraction import extract_notes
 from policies.summary import DETERMINISTIC_MODEL, render_state_summary
@@ -118,7 +120,7 @@ class Summarizer:
         policy = view.policy
         if turn.ref is None or policy is None or not view.budget:
             return
-        if view.upstream_tokens < policy.summary_trigger_ratio * view.budget:
+        if not summary_due(turn, self.counter, fork_applies(turn)):  # the cost model (policies/cost.py)
             return
         key = turn.ref.key
         if key in self._running or key in self._queued:
@@ -127,11 +129,10 @@ class Summarizer:
         if self._full():
             self.metrics.summary_dropped.labels("queue_full").inc()
             return
+        parent = fork_parent(turn, answer_event.message)  # the provider's cached prefix, for a cache fork
         job = SummaryJob(
             turn.ref, turn.chat.model, policy, [*turn.chat.history, answer_event.message], [*turn.chat.ids, answer_event.id],
-            # The view as the parent of a cache-reusing summary request: only a chat view is one
-            # (another format's view is rendered in its own API, not as chat messages).
-            turn.auth, view.messages if turn.chat.format == "chat" else None, budget=view.budget,
+            turn.auth, parent[0] if parent else None, parent[1] if parent else None, budget=view.budget,
         )
         if not self._admit(job):
             return
@@ -155,7 +156,7 @@ class Summarizer:
             if self._slots.locked():
                 self.metrics.summary_dropped.labels("workers_busy").inc()
                 return None  # every worker is calling the model: the next async job catches up
-            job = SummaryJob(ref, chat.model, policy, chat.history, chat.ids, auth, None, "sync", budget)
+            job = SummaryJob(ref, chat.model, policy, chat.history, chat.ids, auth, mode="sync", budget=budget)
             if not self._admit(job):
                 return None
             calls = 0 if job.deterministic else await self._plan(job)

@@ -32,7 +32,7 @@ from policies import (
     validate_summary,
 )
 from policies.messages import content_text
-from policies.summary import render_correction_request
+from policies.summary import has_secret, render_correction_request
 from store.ledger import SessionRef
 
 log = logging.getLogger("palimpsest.summary")
@@ -56,6 +56,41 @@ def credential_headers(auth: Auth) -> dict[str, str]:
     if isinstance(auth, str):
         return {"Authorization": auth}
     return {k: v for k, v in auth.items() if k.lower() in CREDENTIAL_HEADERS and v}
+
+
+def fork_applies(turn) -> bool:
+    """Could a summary after this turn be a cache fork of its view? Not with another summary
+    model or endpoint (no shared cache), a view tailoring cut (the fork would not see the whole
+    delta), legacy functions, a Responses or Messages view, or no room in the window for the instruction and the summary."""
+    view, chat, policy = turn.view, turn.chat, turn.view.policy
+    if chat.format != "chat":
+        return False  # the view of another API is not a chat prefix: the summary call would share no cache
+    if not policy.summary_cache_fork or policy.summary_base_url or (policy.summary_model and policy.summary_model != chat.model):
+        return False
+    if view.dropped or chat.body.get("functions"):
+        return False
+    return not (view.window and view.upstream_tokens + SUMMARY_PROMPT_ROOM + 2 * policy.summary_max_words > view.window)
+
+
+def fork_parent(turn, answer: dict) -> tuple[list[dict], list[dict] | None] | None:
+    """What a cache-forked summary call resends: the messages and tools the upstream just got
+    (its cached prefix) and the answer; None where no fork applies."""
+    view, chat, policy = turn.view, turn.chat, turn.view.policy
+    if not fork_applies(turn):
+        return None
+    # An answer that calls tools would stand unpaired before the instruction (a 400): its text only.
+    if answer.get("tool_calls"):
+        answer = {"role": "assistant", "content": answer.get("content")} if answer.get("content") else None
+    tail = [answer] if answer else []
+    if view.messages is None:  # forwarded as the client sent it
+        messages, tools = [*chat.body["messages"], *tail], chat.body.get("tools")
+    else:
+        messages, tools = [*view.messages, *tail], view.tools if view.tools is not None else chat.body.get("tools")
+    # The transcript form redacts secrets before the summary model reads them; a fork cannot
+    # (it must resend the prefix byte for byte), so a view holding one is summarised as a transcript.
+    if policy.redact_patterns and has_secret(messages, policy.redact_patterns):
+        return None
+    return messages, tools
 
 
 class SummaryFailed(Exception):
@@ -87,7 +122,8 @@ class SummaryJob:
     history: list[dict]  # the path's messages (answer included), no system messages
     ids: list[str]
     auth: Auth  # the client's credential headers, in memory only, for upstreams that need them
-    parent_view: list[dict] | None = None  # for cache-safe forking
+    parent_view: list[dict] | None = None  # the messages just sent upstream, answer included: a cache fork's prefix
+    parent_tools: list[dict] | None = None  # and their tools (part of the cached prefix)
     mode: str = "async"
     budget: int = 0  # the request model's prompt budget: scales the raw tail kept after the boundary
     deterministic: bool = False  # degraded: write the state-only checkpoint, call no model
@@ -118,6 +154,14 @@ class SummaryModel:
 
     async def write(self, job: SummaryJob, summary: str | None, delta: list[dict], state: dict) -> str | None:
         """`summary` updated with `delta`: folded chunk by chunk, or map-reduced when big."""
+        if job.policy.summary_cache_fork and job.parent_view:
+            try:
+                return await self.fork(job, summary, delta)
+            except SummaryFailed as exc:
+                if not exc.reason.startswith("upstream_4") or exc.reason == "upstream_429":
+                    raise
+                # The provider refused the fork's shape (tool_choice, a message order): the
+                # transcript form asks the same of it.
         chunks = chunk_messages(delta, await self.chunk_tokens(job), self.counter)
         if len(chunks) > 1 and job.policy.summary_parallel > 1:
             return await self.map_reduce(job, summary, chunks, state)
@@ -133,11 +177,16 @@ class SummaryModel:
         # of each kind: a 60-round delta can name hundreds of paths.
         chunk_state = extract_exact_values(chunk, cap=VALIDATED_VALUES * 4)
         checked = {kind: values[:VALIDATED_VALUES] for kind, values in chunk_state.items()}
-        if policy.summary_cache_fork and job.parent_view and single:
-            messages = render_forked_summary_request(job.parent_view, summary, chunk_state, policy)
-        else:
-            messages = render_summary_request(summary, chunk_state, format_transcript(chunk, policy), policy)
+        messages = render_summary_request(summary, chunk_state, format_transcript(chunk, policy), policy)
         return await self.summarize(job, messages, checked)
+
+    async def fork(self, job: SummaryJob, summary: str | None, delta: list[dict]) -> str:
+        """`summary` updated with `delta` in one call that resends the view just sent (which
+        holds the delta) plus the instruction: the provider serves the prefix from its cache."""
+        state = extract_exact_values(delta, cap=VALIDATED_VALUES * 4)
+        checked = {kind: values[:VALIDATED_VALUES] for kind, values in state.items()}
+        messages = render_forked_summary_request(job.parent_view, summary, state, job.policy)
+        return await self.summarize(job, messages, checked, forked=True)
 
     async def map_reduce(self, job: SummaryJob, previous: str | None, chunks: list[list[dict]], state: dict) -> str:
         """Summarise the chunks at once (at most summary_parallel calls in flight), then merge
@@ -161,11 +210,11 @@ class SummaryModel:
         messages = render_summary_request(previous, merged_state, transcript, job.policy)
         return await self.summarize(job, messages, checked)
 
-    async def summarize(self, job: SummaryJob, messages: list[dict], checked: dict) -> str:
+    async def summarize(self, job: SummaryJob, messages: list[dict], checked: dict, *, forked: bool = False) -> str:
         """One call; a rejected answer gets one retry that names the problems, unless the
         session already has a rejection history (then it is not worth a second call)."""
         for attempt in range(2):
-            text = await self.call(job, messages)
+            text = await self.call(job, messages, forked=forked)
             problems = validate_summary(text, checked, job.policy, self.counter.count_text(text or ""))
             if not problems:
                 self.outcome(job, True, "ok")
@@ -180,7 +229,7 @@ class SummaryModel:
             messages = render_correction_request(messages, problems)
         raise SummaryRejected()
 
-    async def call(self, job: SummaryJob, messages: list[dict]) -> str:
+    async def call(self, job: SummaryJob, messages: list[dict], *, forked: bool = False) -> str:
         policy = job.policy
         base = (policy.summary_base_url or self.upstream.base_url).rstrip("/")
         headers = {"Content-Type": "application/json", "x-palimpsest-purpose": "summary"}
@@ -191,6 +240,8 @@ class SummaryModel:
         elif job.auth:
             headers.update(credential_headers(job.auth))
         body = {"model": policy.summary_model or job.model, "messages": messages, "max_tokens": policy.summary_max_words * 2, "temperature": 0}
+        if forked and job.parent_tools:  # the same tools keep the cached prefix; none may be called
+            body["tools"], body["tool_choice"] = job.parent_tools, "none"
         path = "/chat/completions"
         if anthropic:  # the same request in Anthropic Messages: system text apart, the answer in content blocks
             headers["anthropic-version"] = ANTHROPIC_VERSION

@@ -76,8 +76,10 @@ def history() -> list[dict]:
 
 
 async def test_paraphrase_found_through_the_configured_embeddings_endpoint(start_gateway, upstream):
+    # The plain ratios: the history is compacted (and recall offered) though a view this short
+    # would not repay the rewrite.
     gw = await start_gateway(recall={"embeddings_url": upstream.base_url, "embeddings_model": "concept-embed",
-                                     "embeddings_dim": DIM})
+                                     "embeddings_dim": DIM}, policy={"cost_model": False})
     client = openai.AsyncOpenAI(base_url=gw.base_url, api_key="sk-test", max_retries=0,
                                 default_headers={"X-Session-Id": "emb-e2e"})
     turns = history()

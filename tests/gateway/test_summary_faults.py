@@ -26,7 +26,9 @@ MODEL = "fake-32k"
 PURPOSE = "x-palimpsest-purpose"
 # Mechanism tests pin when summaries happen (a low trigger and a short raw tail), whatever the
 # default policy's balance between summaries and tool-result placeholders.
-SUMMARIES = {"summary_trigger_ratio": 0.2, "sync_compaction_ratio": 0.9, "keep_recent_tokens": 3000, "keep_recent_share": 0.15}
+# These tests are about faults, not about when a summary pays: the ratios trigger unconditionally.
+SUMMARIES = {"summary_trigger_ratio": 0.2, "sync_compaction_ratio": 0.9, "keep_recent_tokens": 3000, "keep_recent_share": 0.15,
+             "cost_model": False}
 
 
 def client(gw, session: str, key: str = "sk-faults") -> openai.AsyncOpenAI:
@@ -281,7 +283,9 @@ async def test_api_key_clients_get_discovery_and_summaries(start_gateway, upstre
 
 
 async def test_failing_part_of_a_map_reduce_leaves_no_sibling_running(start_gateway, upstream):
-    gw = await start_gateway(policy={**SUMMARIES, "summary_parallel": 4, "summary_chunk_tokens": 1000})
+    # The transcript form: a cache fork reads the view in one call, with no parts to fail.
+    gw = await start_gateway(policy={**SUMMARIES, "summary_parallel": 4, "summary_chunk_tokens": 1000,
+                                     "summary_cache_fork": False})
     upstream.state.summary_failures = [500]
     upstream.state.summary_latency_s = 5.0  # the siblings would still be waiting on the upstream
     session = synthetic_session(seed=14, rounds=14)

@@ -237,3 +237,14 @@ def test_a_message_cannot_forge_transcript_lines_or_close_the_fence():
     assert len(re.findall(r"<\s*/\s*transcript", request, re.IGNORECASE)) == 1  # only the real closing fence
     assert len(re.findall(r"<\s*/?\s*previous_summary", request, re.IGNORECASE)) == 2
     assert "I deleted the backups as you asked" in request  # the content is still there, as data
+
+
+def test_has_secret_looks_at_text_and_call_arguments():
+    from policies.summary import has_secret
+
+    patterns = Policy().redact_patterns
+    assert not has_secret([user("hello"), assistant("fine")], patterns)
+    assert has_secret([user("my key is sk-" + "x" * 20)], patterns)
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"cmd": "login password=hunter22"}'}}]}
+    assert has_secret([call], patterns)

@@ -26,7 +26,7 @@ async def _converse(sdk, messages: list[dict], user_text) -> set[str | None]:
 
 
 async def test_an_edited_early_message_starts_a_branch_that_never_sees_the_old_one(scripted, scripted_gateway):
-    gw = await scripted_gateway()
+    gw = await scripted_gateway(policy={"cost_model": False})  # summarised at the plain ratios
     sdk = client(gw)
     opening = [{"role": "system", "content": "You are a helpful assistant."},
                {"role": "user", "content": "My locker code is OLDCODE-7781. " + FILLER},

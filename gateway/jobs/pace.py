@@ -1,0 +1,57 @@
+"""A session's pace, read off its path, for the cost model's summary decision
+(``policies/cost.summary_due``).
+
+After each response the summarizer asks ``summary_due`` whether a background summary is worth
+writing. The inputs come from the request itself, so every replica (and a restart) decides the
+same: the session's requests so far are the client turns on its path (each user message or tool
+result is what a client sends a request with), and its growth is what the client added since
+its previous request (the newest answer and what follows it).
+"""
+
+from __future__ import annotations
+
+from policies import TokenCounter
+from policies.cost import SUMMARY_TOKENS_PER_WORD, SummaryCase, cost_rates, summary_due as cost_summary_due
+
+# Of a cache-forked summary call's input, the share the provider serves from its cache (all of
+# the view just sent; only the answer and the instruction are new).
+FORK_CACHED_SHARE = 0.9
+
+
+def requests_on_path(history: list[dict]) -> int:
+    """The client turns of a path: what an append-only client sent its requests with."""
+    turns, previous = 0, None
+    for message in history:
+        role = message.get("role")
+        if role in ("user", "tool") and previous not in ("user", "tool"):
+            turns += 1
+        previous = role
+    return turns
+
+
+def growth_on_path(history: list[dict], ids: list[str], counter: TokenCounter) -> int:
+    """Tokens the client added since its previous request: the newest answer and after."""
+    last = next((i for i in range(len(history) - 1, -1, -1) if history[i].get("role") == "assistant"), None)
+    if last is None:
+        return 0
+    return sum(counter.count_message(m, k) for m, k in zip(history[last:], ids[last:]))
+
+
+def summary_due(turn, counter: TokenCounter, forks: bool) -> bool:
+    """After a response: should a background summary be written now? (`forks`: the summary
+    call would be a cache fork of the view just sent.)"""
+    view, chat = turn.view, turn.chat
+    policy = view.policy
+    if not policy.cost_model:
+        return view.upstream_tokens >= policy.summary_trigger_ratio * view.budget
+    case = SummaryCase(
+        client_tokens=view.client_tokens, view_tokens=view.upstream_tokens, budget=view.budget,
+        growth=growth_on_path(chat.history, chat.ids, counter), requests=requests_on_path(chat.history),
+        # A fork reads the view; a view with a checkpoint folds about what it shows after the
+        # boundary; without one, everything.
+        summary_input=view.upstream_tokens if forks or view.checkpoint else view.client_tokens,
+        summary_output=int(policy.summary_max_words * SUMMARY_TOKENS_PER_WORD),
+        target_tokens=int(policy.view_target_ratio * view.budget),
+        cached_share=FORK_CACHED_SHARE if forks else 0.0,
+    )
+    return cost_summary_due(case, policy.summary_trigger_ratio, cost_rates(policy))

@@ -1,0 +1,118 @@
+"""Whether a compaction event or a summary job pays for itself (docs/architecture.md, "Views"
+and "Summary jobs").
+
+Prices are counted in uncached input tokens: a cached input token costs ``cached`` (0.1 on
+OpenAI's and Anthropic's current models), a token written to the cache ``write`` (1.0 on
+OpenAI, which bills no write; 1.25 on Anthropic) and an output token ``output``.
+
+A provider caches the prefix a session's requests share, so a growing conversation whose view
+only appends is billed mostly at the cached rate. A compaction event rewrites the prefix: the
+request that carries it pays its new view uncached (``write * after``) where it would have read
+the old one from the cache (``cached * before``). What it buys is a smaller view on every later
+request, ``cached * (before - after)`` each. The session's likely further requests are read off
+its own record: a session that has run ``n`` requests is about as likely as not to run ``n``
+more (the Lindy estimate; an agent loop of 90 steps keeps going, a one-shot question does not).
+An idle session's cache has expired, so its next request is uncached whatever happens; that
+makes the rewrite nearly free (``idle``).
+
+The window still wins: when the view must shrink to fit, the event happens whatever it costs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Requests of lead a background summary needs to be written before a growing conversation
+# stops fitting: it runs after one response and must be there before the request that overflows.
+LEAD_REQUESTS = 2
+# Output tokens of a summary per word of its limit (prose runs about 1.3 tokens a word).
+SUMMARY_TOKENS_PER_WORD = 1.4
+# A provider caches no prefix under 1024 tokens, and longer ones in steps of 128 (OpenAI).
+CACHE_MIN_TOKENS, CACHE_STEP = 1024, 128
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """Prices relative to an uncached input token."""
+
+    cached: float = 0.1
+    write: float = 1.0
+    output: float = 4.0
+
+
+def cost_rates(policy: Any) -> Rates:
+    """The policy's price ratios (``cached_input_rate``, ``cache_write_rate``, ``output_rate``)."""
+    return Rates(policy.cached_input_rate, policy.cache_write_rate, policy.output_rate)
+
+
+def further_requests(requests_so_far: int) -> float:
+    """The session's likely further requests, on its own record (the Lindy estimate)."""
+    return float(max(0, requests_so_far))
+
+
+def cacheable(tokens: float) -> float:
+    """The part of a repeated prefix a provider serves from its cache."""
+    return 0 if tokens < CACHE_MIN_TOKENS else tokens // CACHE_STEP * CACHE_STEP
+
+
+def resent(tokens: float, rates: Rates) -> float:
+    """A view sent again unchanged: its cacheable part at the cached rate, the rest in full."""
+    cached = cacheable(tokens)
+    return rates.cached * cached + tokens - cached
+
+
+def event_price(before: float, after: float, rates: Rates, *, idle: bool = False) -> float:
+    """What the request carrying a compaction event pays beyond what an appended view costs."""
+    written = rates.write * after if cacheable(after) else after
+    return written - (before if idle else resent(before, rates))
+
+
+def event_pays(before: float, after: float, further: float, rates: Rates, *, idle: bool = False,
+               extra: float = 0.0) -> bool:
+    """Does shrinking a ``before``-token view to ``after`` tokens save more over ``further``
+    requests than it costs (``extra``: anything else the event needs, e.g. a summary call)?"""
+    if after >= before:
+        return False
+    saving = (resent(before, rates) - resent(after, rates)) * further
+    return saving > event_price(before, after, rates, idle=idle) + extra
+
+
+def summary_price(input_tokens: float, output_tokens: float, rates: Rates, *, cached_share: float = 0.0) -> float:
+    """A summary call: its input (the share served from the provider's cache at the cached
+    rate) and its output."""
+    return (input_tokens * (1 - cached_share) + input_tokens * cached_share * rates.cached
+            + output_tokens * rates.output)
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryCase:
+    """What a summary decision knows about a session after a response."""
+
+    client_tokens: int  # the client's request as it came
+    view_tokens: int  # the view that was sent
+    budget: int  # the prompt budget of the request's model
+    growth: int  # client tokens added since the session's previous request (0: unknown)
+    requests: int  # requests of the session so far, this one included
+    summary_input: int  # tokens the summary call would read
+    summary_output: int  # tokens it would write
+    target_tokens: int  # the view an event settles at once the summary exists
+    cached_share: float = 0.0  # of the summary call's input, served from the provider's cache
+
+
+def summary_due(case: SummaryCase, trigger_ratio: float, rates: Rates) -> bool:
+    """Should a background summary be written now?
+
+    Never below the profile's ``summary_trigger_ratio`` of the budget. A conversation that
+    still fits as the client sent it gets one only when its growth says it will stop fitting
+    within ``LEAD_REQUESTS`` (before that, any summary is a cost without a saving: the view can
+    go as it came, and the provider caches it). One that does not fit gets one when what its
+    smaller views save over the session's likely further requests exceeds the call's price.
+    """
+    if case.view_tokens < trigger_ratio * case.budget:
+        return False
+    if case.client_tokens <= case.budget:
+        return case.client_tokens + LEAD_REQUESTS * max(0, case.growth) > case.budget
+    saving = rates.cached * max(0, case.view_tokens - case.target_tokens) * further_requests(case.requests)
+    price = summary_price(case.summary_input, case.summary_output, rates, cached_share=case.cached_share)
+    return saving > price
