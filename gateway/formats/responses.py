@@ -242,10 +242,13 @@ def _same(message: dict, original: dict) -> bool:
     return all(message.get(k) == original.get(k) for k in ("role", "content", "tool_calls", "tool_call_id"))
 
 
-def render_item(message: dict) -> list[dict]:
-    """The wire items for one neutral item of a view."""
+def render_item(message: dict, unchanged: bool = False) -> list[dict]:
+    """The wire items for one neutral item of a view (`unchanged`: the caller knows it is the
+    item as parsed, so its wire items go as they are without being read again)."""
     items = wire_items(message, FORMAT)
     role = message.get("role")
+    if items is not None and unchanged:
+        return list(items)
     if items is not None:
         rebuilt = _reparse(message, items)
         if rebuilt is None or _same(message, rebuilt):
@@ -303,17 +306,19 @@ def _assistant_items(message: dict, items: list[dict] | None) -> list[dict]:
     return out
 
 
-def render_input(messages: list[dict]) -> list[dict]:
+def render_input(messages: list[dict], parsed: set[int] = frozenset()) -> list[dict]:
+    """Input items for a view; `parsed` holds the ids of the neutral items as the request was
+    parsed (the view passes an untouched item on as the same object)."""
     out: list[dict] = []
     for message in messages:
-        out.extend(render_item(message))
+        out.extend(render_item(message, id(message) in parsed))
     return out
 
 
 def render_body(chat: ChatRequest, messages: list[dict], tools: list[dict] | None) -> dict:
     """The upstream body for a view: the client's body with ``input`` (and ``tools``) replaced."""
     body = dict(chat.body)
-    body["input"] = render_input(messages)
+    body["input"] = render_input(messages, {id(m) for m in (*chat.instructions, *chat.history)})
     body.pop("previous_response_id", None)  # the view carries the whole chain
     if tools is not None:
         body["tools"] = tools
