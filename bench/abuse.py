@@ -42,7 +42,7 @@ from simulator.puppet import create_puppet_app  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 OPERATOR = "sk-operator-bench-key"
 ALICE, BOB = "pk-alice-bench", "pk-bob-bench"
-STATELESS = ("/v1/models", "/v1/embeddings", "/v1/moderations", "/v1/chat/completions")
+STATELESS = (("GET", "/v1/models"), ("POST", "/v1/embeddings"), ("POST", "/v1/moderations"), ("POST", "/v1/chat/completions"))
 
 
 def gzip_bomb(decoded_mb: int) -> bytes:
@@ -184,7 +184,8 @@ async def serve_puppet(port: int) -> None:
     async def log(request: web.Request) -> web.Response:
         return web.json_response({
             "calls": [{"purpose": c.purpose, "usage": c.usage} for c in puppet.calls],
-            "received": [{"path": r["path"], "authorization": r["headers"].get("authorization")} for r in puppet.received],
+            "received": [{"method": r["method"], "path": r["path"], "authorization": r["headers"].get("authorization")}
+                         for r in puppet.received],
         })
 
     async def reset(request: web.Request) -> web.Response:
@@ -238,7 +239,7 @@ async def main(args) -> int:
             tokens = sum((c["usage"] or {}).get("total_tokens", 0) for c in summaries)
             leaked = [r for r in seen["received"]
                       if r["authorization"] == f"Bearer {OPERATOR}"
-                      and r["path"].split("?")[0] not in STATELESS and not r["path"].startswith("/v1/models/")]
+                      and (r["method"], r["path"]) not in STATELESS and not r["path"].startswith("/v1/models/")]
             shown = ",".join(str(s) for s in statuses)
             n = len(factories)
             if name == "refused-31MB":
