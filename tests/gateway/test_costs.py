@@ -125,3 +125,22 @@ async def test_streamed_answers_carry_no_cached_header(start_gateway):
             assert resp.status == 200
             await resp.read()
             assert "x-palimpsest-cached-tokens" not in resp.headers
+
+
+async def test_inspect_shows_what_the_provider_cached_and_what_each_request_cost(start_gateway):
+    from tests.gateway.test_inspect_recorded import inspect
+
+    gw = await start_gateway(models=PRICED)
+    history = [SYSTEM, {"role": "user", "content": "first question"}]
+    first, _ = await post(gw, {"model": "fake-32k", "messages": history}, session="cost-inspect")
+    history += [first["choices"][0]["message"], {"role": "user", "content": "second question"}]
+    second, _ = await post(gw, {"model": "fake-32k", "messages": history}, session="cost-inspect")
+    key = next(s.key for s in gw.app[LEDGER].sessions() if s.session_id == "cost-inspect")
+    gw.app[TURNS].session(key)  # flushes: the subprocess below reads the file
+    detail = await inspect(gw.settings.store.path, "cost-inspect")
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert [t["cached_tokens"] for t in detail["turns"]] == [0, cached]
+    assert [t["cost_usd"] for t in detail["turns"]] == [pytest.approx(dollars(first["usage"])),
+                                                       pytest.approx(dollars(second["usage"]))]
+    assert detail["totals"]["cached_tokens"] == cached
+    assert detail["totals"]["cost_usd"] == pytest.approx(dollars(first["usage"]) + dollars(second["usage"]), abs=1e-6)
