@@ -58,10 +58,10 @@ def outputs(body: dict) -> list:
 async def test_a_long_loop_is_compacted_and_stays_valid(start_gateway, upstream, stream, api):
     gw = await start_gateway(**gateway_config(api))
     name = f"r-{stream}-{api}"
-    session = agent_loop_session(seed=5, turns=1, calls=40)
+    session = agent_loop_session(seed=5, turns=1, calls=60)  # 60 calls under one user message
     items, responses = await drive_responses_loop(client(gw, name), session, model="fake-32k", stream=stream)
     await settle(gw)
-    assert len(responses) == 41
+    assert len(responses) == 61
     assert responses[-1].output_text.startswith("Tool ")  # the loop ran to its end
     if api == "chat":
         bodies = forwarded(upstream)
@@ -74,7 +74,7 @@ async def test_a_long_loop_is_compacted_and_stays_valid(start_gateway, upstream,
         assert any(str(o).startswith(PLACEHOLDER) for o in outputs(bodies[-1]))
         assert bodies[-1]["input"][0] == items[0]  # the client's developer message, as it sent it
         last = str(bodies[-1]["input"])
-    assert len(bodies) >= 41
+    assert len(bodies) >= 61
     assert len(last) < sum(len(str(i)) for i in items) / 2
     # One branch: what the client resent matched what the gateway recorded.
     ledger = gw.app[LEDGER]
@@ -114,3 +114,47 @@ async def test_a_chat_only_upstream_is_told_what_it_cannot_take(start_gateway, u
     body = forwarded(upstream)[-1]
     assert [m["role"] for m in body["messages"]] == ["user", "assistant", "tool"]
     assert "from-another-provider" not in str(body)
+
+
+async def test_a_stalled_upstream_stream_ends_the_clients_stream_with_an_error(start_gateway, upstream):
+    gw = await start_gateway(**gateway_config("responses"), upstream={"idle_timeout_s": 0.5})
+    c = client(gw, "stall")
+    async with c.responses.stream(model="fake-32k", input="hello [[stall 3]]", store=False) as events:
+        seen = [event async for event in events]
+        with pytest.raises(RuntimeError):  # the SDK's own: no response.completed arrived
+            await events.get_final_response()
+    assert seen[-1].type == "error" and seen[-1].code == "upstream_timeout"
+    assert not any(e.type == "response.completed" for e in seen)
+    ledger = gw.app[LEDGER]
+    key = next(s.key for s in ledger.sessions() if s.session_id == "stall")
+    assert [e.role for e in ledger.since(key, -1)] == ["user"]  # the cut answer was not recorded
+
+
+async def test_a_20_mb_responses_input_is_refused_without_stalling_the_gateway(start_gateway, upstream):
+    import asyncio
+    import time
+
+    import aiohttp
+
+    gw = await start_gateway(**gateway_config("responses"))
+    huge = {"model": "fake-32k", "store": False, "input": [
+        {"type": "message", "role": "user", "content": "x " * (10 * 1024 * 1024)}]}
+    worst = 0.0
+
+    async def probe(http):
+        nonlocal worst
+        for _ in range(40):
+            started = time.perf_counter()
+            async with http.get(gw.root + "/healthz") as r:
+                assert r.status == 200
+            worst = max(worst, time.perf_counter() - started)
+            await asyncio.sleep(0.05)
+
+    async with aiohttp.ClientSession() as http:
+        prober = asyncio.create_task(probe(http))
+        async with http.post(gw.base_url + "/responses", json=huge, headers={"X-Session-Id": "huge"}) as r:
+            assert r.status == 400
+            assert (await r.json())["error"]["code"] == "context_length_exceeded"
+        await prober
+    assert responses_bodies(upstream) == []
+    assert worst < 1.0  # the 20 MB body is parsed, hashed and counted off the event loop
