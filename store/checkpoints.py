@@ -10,11 +10,12 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 import diskcache
 
 from store.holders import holder_is_gone
+from store.records import Checkpoint, newest_on_path
 
 MEMO_SESSIONS = 256  # sessions whose checkpoints stay decoded in memory (LRU); the rest are read back
 # SQLite under diskcache: one connection per thread that touches the store (the event loop and
@@ -30,34 +31,6 @@ def _row(session_key: str, version: int) -> tuple:
 
 def _count(session_key: str) -> tuple:
     return ("cps", session_key)  # how many checkpoints the session has, versions 1..n
-
-
-@dataclass(frozen=True, slots=True)
-class Checkpoint:
-    id: str
-    session_key: str
-    boundary: str  # id of the last event the summary covers
-    summary: str
-    state: dict  # deterministic exact values (policies.extraction)
-    covered_tokens: int
-    covered_events: int
-    created: float
-    model: str
-    version: int
-    mode: str = "async"  # async | sync
-    previous: str | None = None
-    summary_tokens: int = 0
-    meta: dict = field(default_factory=dict)
-
-
-def newest_on_path(checkpoints: list[Checkpoint], positions: dict[str, int]) -> tuple[Checkpoint, int] | None:
-    """The newest of a session's checkpoints (oldest first) whose boundary is on the request's
-    path (`positions`: event id -> index), with that index; both checkpoint stores use it."""
-    for cp in reversed(checkpoints):
-        pos = positions.get(cp.boundary)
-        if pos is not None:
-            return cp, pos
-    return None
 
 
 class DiskCheckpoints:

@@ -21,9 +21,9 @@ import asyncio
 from typing import TYPE_CHECKING, Iterable, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from store.checkpoints import Checkpoint
+    from store.records import Checkpoint
     from store.index import Hit, IndexedEvent
-    from store.ledger import Event, PathSync, SessionRecord, SessionRef
+    from store.records import Event, PathSync, SessionRecord, SessionRef
     from store.turns import TurnBasis
 
 

@@ -17,7 +17,6 @@ also serialises writers across processes).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import secrets
 import sqlite3
@@ -25,60 +24,17 @@ import threading
 import time
 from collections import OrderedDict
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
 import orjson
 
 from store.canonical import event_id, path_ids, stored_form
+from store.records import Event, PathSync, SessionRecord, SessionRef
 from store.interfaces import StoreBusy, on_event_loop
 from store.migrations import migrate_sqlite
 
 log = logging.getLogger("palimpsest.ledger")
-
-
-@dataclass(frozen=True, slots=True)
-class SessionRef:
-    """Who a request belongs to: the tenant and its own session id."""
-
-    tenant: str
-    session_id: str
-    key: str = field(init=False, repr=False, compare=False)  # "tenant/hash": the storage key
-
-    def __post_init__(self) -> None:
-        digest = hashlib.blake2b(self.session_id.encode(), digest_size=10).hexdigest()
-        object.__setattr__(self, "key", f"{self.tenant}/{digest}")
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    id: str
-    parent: str | None
-    seq: int
-    role: str
-    message: dict
-    created: float
-    kind: str = "message"  # "message" (on a path) or "side" (gateway-made, hung off `parent`)
-
-
-@dataclass(slots=True)
-class SessionRecord:
-    key: str
-    tenant: str
-    session_id: str
-    created: float
-    updated: float
-    events: int = 0
-    head: str | None = None
-    requests: int = 0
-    model: str | None = None  # of the newest request
-
-
-@dataclass(frozen=True, slots=True)
-class PathSync:
-    ids: list[str]
-    added: int
 
 
 def event_row(sk: str, parent: str | None, eid: str, seq: int, message: dict, kind: str, now: float) -> tuple:

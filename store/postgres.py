@@ -33,7 +33,8 @@ import orjson
 from psycopg_pool import ConnectionPool
 
 from store.canonical import event_id, path_ids, stored_form
-from store.ledger import SEEN_CACHE, Event, PathSync, SessionRecord, SessionRef, event_row, new_epoch, side_event_rows
+from store.ledger import SEEN_CACHE, event_row, new_epoch, side_event_rows
+from store.records import Event, PathSync, SessionRecord, SessionRef
 from store.interfaces import on_event_loop
 from store.postgres_pool import lock_key, open_pool
 

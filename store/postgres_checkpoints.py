@@ -15,7 +15,7 @@ from dataclasses import asdict
 import orjson
 from psycopg_pool import ConnectionPool
 
-from store.checkpoints import Checkpoint, newest_on_path
+from store.records import Checkpoint, newest_on_path
 from store.postgres_pool import lock_key, open_pool
 
 

@@ -29,7 +29,7 @@ from typing import Any, Callable, TypeVar
 from gateway.chat.request import ChatRequest, parse_chat_request
 from gateway.chat.views import View, ViewBuilder
 from store.canonical import path_ids
-from store.ledger import SessionRef
+from store.records import SessionRef
 
 T = TypeVar("T")
 BIG_BODY_BYTES = 128 * 1024

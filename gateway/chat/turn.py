@@ -19,7 +19,7 @@ from gateway.http.errors import GatewayError, UpstreamTimeout
 from gateway.ops.basis import of_turn as request_basis
 from policies.prices import CacheUsage
 from store import call as store_call
-from store.ledger import SessionRef
+from store.records import SessionRef
 
 log = logging.getLogger("palimpsest.chat")
 ROUTE = "chat"

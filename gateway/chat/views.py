@@ -43,9 +43,8 @@ from policies import (
     round_sizes,
     tailor,
 )
-from store.checkpoints import Checkpoint, newest_on_path
+from store.records import Checkpoint, SessionRef, newest_on_path
 from store import call as store_call
-from store.ledger import SessionRef
 
 log = logging.getLogger("palimpsest.views")
 

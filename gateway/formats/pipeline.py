@@ -28,7 +28,7 @@ from gateway.http.identity import Identity
 from gateway.http.sse import SSEDecoder
 from gateway.http.upstream import Upstream, response_headers
 from gateway.keys import LOG_FIELDS, MODEL, REQUEST_ID, SESSION, TENANT, UPSTREAM_KEY
-from store.ledger import SessionRef
+from store.records import SessionRef
 
 
 class StreamWatch:

@@ -30,7 +30,7 @@ from aiohttp import web
 
 from gateway.http.errors import BadRequest, Unauthorized
 from gateway.keys import UPSTREAM_KEY
-from store.ledger import SessionRef
+from store.records import SessionRef
 
 ANONYMOUS = "anonymous"
 

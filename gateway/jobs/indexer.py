@@ -8,7 +8,8 @@ import weakref
 from typing import TYPE_CHECKING, Callable
 
 from policies.messages import call_arguments, call_name, content_text, tool_calls
-from store.ledger import Event, Ledger
+from store.interfaces import LedgerStore
+from store.records import Event
 
 if TYPE_CHECKING:
     from store.index import SearchIndex
@@ -37,7 +38,7 @@ class Indexer:
     The index is opened on first use: LanceDB, Arrow and the embedder cost ~100 MB of memory,
     which a gateway whose sessions never hide anything should not pay."""
 
-    def __init__(self, ledger: Ledger, open_index: Callable[[], "SearchIndex"], batch_s: float = 0.0) -> None:
+    def __init__(self, ledger: LedgerStore, open_index: Callable[[], "SearchIndex"], batch_s: float = 0.0) -> None:
         self.ledger = ledger
         self._open_index = open_index
         # A background catch-up waits this long first: the session's turns meanwhile join its

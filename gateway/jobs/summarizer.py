@@ -49,8 +49,7 @@ from policies import Policy, TokenCounter, choose_boundary, chunk_messages, extr
 from policies.extraction import extract_notes
 from policies.summary import DETERMINISTIC_MODEL, render_state_summary
 from store import acquire as store_acquire, call as store_call
-from store.checkpoints import Checkpoint
-from store.ledger import SessionRef
+from store.records import Checkpoint, SessionRef
 
 log = logging.getLogger("palimpsest.summary")
 BREAKERS_TRACKED = 1000

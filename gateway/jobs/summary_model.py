@@ -33,7 +33,7 @@ from policies import (
 )
 from policies.messages import content_text
 from policies.summary import has_secret, render_correction_request
-from store.ledger import SessionRef
+from store.records import SessionRef
 
 log = logging.getLogger("palimpsest.summary")
 # Tokens a summary request needs besides the transcript: instruction, previous summary, values.

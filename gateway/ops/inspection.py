@@ -27,8 +27,7 @@ from gateway.chat.request import parse_chat_request
 from gateway.http.errors import BadRequest, NotFound
 from gateway.chat.views import ViewBuilder
 from gateway.ops.readonly import CheckpointsAsOf, NoMetrics, NoSummaries, RecordedWindows, SessionEvents
-from store.checkpoints import Checkpoint
-from store.ledger import Event, SessionRecord, SessionRef
+from store.records import Checkpoint, Event, SessionRecord, SessionRef
 from store.turns import TurnBasis
 
 PREVIEW_CHARS = 200

@@ -12,8 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from gateway.chat.windows import DEFAULT_WINDOW, KNOWN
-from store.checkpoints import Checkpoint
-from store.ledger import Event
+from store.records import Checkpoint, Event
 
 
 class NoSummaries:

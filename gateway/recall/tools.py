@@ -30,7 +30,8 @@ from gateway.jobs.indexer import Indexer, event_text
 from policies.messages import call_arguments
 from store import offload
 from store.chunking import query_terms, snippet
-from store.ledger import Event, Ledger
+from store.interfaces import LedgerStore
+from store.records import Event
 
 log = logging.getLogger("palimpsest.recall")
 
@@ -64,7 +65,7 @@ def _iso(ts: float) -> str:
 
 
 class RecallTools:
-    def __init__(self, ledger: Ledger, indexer: Indexer, metrics, default_limit: int = 5, *,
+    def __init__(self, ledger: LedgerStore, indexer: Indexer, metrics, default_limit: int = 5, *,
                  passage_tokens: int = 600, auto_tokens: int = 0, auto_placement: str = "message",
                  auto_timeout_s: float = 5.0) -> None:
         self.ledger = ledger

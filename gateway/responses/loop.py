@@ -57,12 +57,7 @@ class ResponsesRecallLoop(RecallLoop):
         """The recall calls of an output (as neutral tool calls) and whether it also calls a
         client tool."""
         assistant = fmt.assistant_item([i for i in output if isinstance(i, dict)])
-        recall, client = [], False
-        for item in output:
-            if is_recall_item(item, names):
-                continue
-            if isinstance(item, dict) and fmt.is_call(item):
-                client = True
+        client = any(isinstance(i, dict) and fmt.is_call(i) and not is_recall_item(i, names) for i in output)
         calls = [c for c in tool_calls(assistant) if c["function"]["name"] in names]
         return calls, client
 

@@ -32,7 +32,7 @@ from gateway.responses.chat_upstream import ChatUpstream
 from gateway.responses.stream import TERMINAL, encode
 from store import call as store_call
 from store.canonical import event_id, path_ids
-from store.ledger import SessionRef
+from store.records import SessionRef
 from store.response_ids import ResponseIds
 
 ROUTE = "responses"
