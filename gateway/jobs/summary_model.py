@@ -166,10 +166,10 @@ class SummaryModel:
         if len(chunks) > 1 and job.policy.summary_parallel > 1:
             return await self.map_reduce(job, summary, chunks, state)
         for chunk in chunks:
-            summary = await self.fold(job, summary, chunk, single=len(chunks) == 1)
+            summary = await self.fold(job, summary, chunk)
         return summary
 
-    async def fold(self, job: SummaryJob, summary: str | None, chunk: list[dict], *, single: bool) -> str:
+    async def fold(self, job: SummaryJob, summary: str | None, chunk: list[dict]) -> str:
         """`summary` updated with one chunk of the delta."""
         policy = job.policy
         # The summary is asked to keep the chunk's own values (the structured state carries
@@ -196,7 +196,7 @@ class SummaryModel:
 
         async def part(chunk: list[dict]) -> str:
             async with gate:
-                return await self.fold(job, None, chunk, single=False)
+                return await self.fold(job, None, chunk)
 
         try:
             async with asyncio.TaskGroup() as group:
