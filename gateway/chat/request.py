@@ -55,7 +55,8 @@ def _check_call(function, where: str, *, required: bool) -> None:
             raise BadRequest(f"'{where}.{key}' must be a string.", param=f"{where}.{key}")
 
 
-def parse_chat_request(raw: bytes) -> ChatRequest:
+def json_object(raw: bytes) -> dict:
+    """The body as a JSON object the gateway can hash and forward, else 400 (every format)."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -64,6 +65,11 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
         raise BadRequest("The request body must be a JSON object.")
     if _too_deep(body):
         raise BadRequest("The request body is nested too deeply (JSON deeper than 254 levels).")
+    return body
+
+
+def parse_chat_request(raw: bytes) -> ChatRequest:
+    body = json_object(raw)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' must be a non-empty string.", param="model")

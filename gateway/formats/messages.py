@@ -35,7 +35,7 @@ from typing import Any
 
 import orjson
 
-from gateway.chat.request import ChatRequest
+from gateway.chat.request import ChatRequest, json_object
 from gateway.formats.cache_breakpoints import place_breakpoints
 from gateway.http.errors import BadRequest
 from policies.conversation import opaque_identity, wire_items, with_wire
@@ -44,24 +44,9 @@ FORMAT = "messages"
 ROLES = ("user", "assistant", "system")
 
 
-def _too_deep(body: Any) -> bool:
-    try:
-        orjson.dumps(body)
-    except orjson.JSONEncodeError:
-        return True
-    return False
-
-
 def parse_messages_request(raw: bytes) -> ChatRequest:
     """The request body as a ChatRequest in the neutral model (400 on what cannot be routed)."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"We could not parse the JSON body of your request ({exc.args[0]}).") from None
-    if not isinstance(body, dict):
-        raise BadRequest("The request body must be a JSON object.")
-    if _too_deep(body):
-        raise BadRequest("The request body is nested too deeply (JSON deeper than 254 levels).")
+    body = json_object(raw)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("model: Field required (a non-empty string).", param="model")

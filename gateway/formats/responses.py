@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from gateway.chat.request import ChatRequest
+from gateway.chat.request import ChatRequest, json_object
 from gateway.http.errors import BadRequest
 from policies.conversation import opaque_identity, wire_items, with_wire
 
@@ -36,24 +36,9 @@ TEXT_TYPES = frozenset({"input_text", "output_text", "text", "summary_text"})
 CALL_ARGUMENT_FIELDS = ("arguments", "input", "action", "code")
 
 
-def _too_deep(body: Any) -> bool:
-    try:
-        orjson.dumps(body)
-    except orjson.JSONEncodeError:
-        return True
-    return False
-
-
 def parse_responses_request(raw: bytes) -> ChatRequest:
     """The request body as a ChatRequest in the neutral model (400 on what cannot be routed)."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"We could not parse the JSON body of your request ({exc.args[0]}).") from None
-    if not isinstance(body, dict):
-        raise BadRequest("The request body must be a JSON object.")
-    if _too_deep(body):
-        raise BadRequest("The request body is nested too deeply (JSON deeper than 254 levels).")
+    body = json_object(raw)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' must be a non-empty string.", param="model")
