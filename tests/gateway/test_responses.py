@@ -158,3 +158,23 @@ async def test_a_20_mb_responses_input_is_refused_without_stalling_the_gateway(s
         await prober
     assert responses_bodies(upstream) == []
     assert worst < 1.0  # the 20 MB body is parsed, hashed and counted off the event loop
+
+
+@pytest.mark.parametrize("fault", ["429", "ignore"])
+async def test_a_failing_summary_model_never_fails_a_responses_loop(start_gateway, upstream, fault):
+    """The summary model answers 429 to every call, or ignores the required format: the loop
+    still runs to its end inside the window (tailored, with the exact values), nothing fails."""
+    if fault == "429":
+        upstream.state.summary_status = 429
+    else:
+        upstream.state.summary_format = "ignore"
+    gw = await start_gateway(**gateway_config("responses"), policy={"profile": "economy"})
+    session = agent_loop_session(seed=13, turns=1, calls=40)
+    items, responses = await drive_responses_loop(client(gw, f"faulty-{fault}"), session, model="fake-32k")
+    await settle(gw)
+    assert len(responses) == 41 and responses[-1].output_text.startswith("Tool ")
+    summaries = [r for r in upstream.app[RECEIVED] if r["headers"].get("x-palimpsest-purpose") == "summary"]
+    assert summaries  # the gateway did try to summarise
+    bodies = responses_bodies(upstream)
+    assert_responses_valid(upstream, bodies)
+    assert PLACEHOLDER in str(bodies[-1]["input"]) or "<session_summary>" in str(bodies[-1]["input"])
