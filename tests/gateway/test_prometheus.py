@@ -161,6 +161,10 @@ async def test_prometheus_scrapes_savings_and_latency(start_gateway, upstream, p
                         deadline, f"saved tokens never reached the gateway's {saved}")
     await prom.wait_for("sum(palimpsest_summary_checkpoints_created_total) >= 1", bool, deadline,
                         "no summary checkpoint was scraped")
+    # The pass-through request came after the last chat request: the scrape that showed the
+    # saved tokens may predate it.
+    await prom.wait_for('sum(palimpsest_requests_total{route="passthrough"}) >= 1', bool, deadline,
+                        "the pass-through request was never scraped")
 
     assert await prom.query("sum(palimpsest_tokens_saved_total) > 0")
     ratio = values(await prom.query(
