@@ -103,6 +103,29 @@ class RecallLoop:
     def _post(self, request: web.Request, body: bytes):
         return self.upstream.post_chat(request.headers, body, drop=self._drop, tenant_key=request.get(UPSTREAM_KEY, ""))
 
+    def _open(self, turn: Turn, request: web.Request, body: bytes):
+        """The upstream call of one round (a format's loop may route it elsewhere)."""
+        return self._post(request, body)
+
+    def _reader(self, turn: Turn, up):
+        return self.upstream.reader(up)
+
+    async def _call_json(self, request: web.Request, turn: Turn, messages: list[dict], with_recall: bool):
+        """One non-streaming round: (status, reason, payload, headers), or None when the
+        upstream refused the recall tools (marked on the turn: the caller asks again)."""
+        t0 = time.perf_counter()
+        async with self._open(turn, request, self._body(turn, messages, with_recall, stream=False)) as up:
+            payload = await self._reader(turn, up).read()
+            turn.timing.waiting(t0)
+            headers = response_headers(up.headers, decoded=True)
+            status, reason = up.status, up.reason
+        if status != 200 and with_recall and self._refused_tools(turn, status, payload):
+            turn.recall_refused = True
+            return None
+        if status == 200:
+            self._refusal_confirmed(turn)
+        return status, reason, payload, headers
+
     def _split(self, calls: list[dict], names: tuple[str, str]) -> tuple[list[dict], list[dict]]:
         recall = [c for c in calls if is_recall_call(c, names)]
         client = [c for c in calls if not is_recall_call(c, names)]
@@ -191,19 +214,12 @@ class RecallLoop:
         usage_total: dict | None = None
         while True:
             with_recall = self._with_recall(turn)
-            body = self._body(turn, messages, with_recall, stream=False)
-            t0 = time.perf_counter()
-            async with self._post(request, body) as up:
-                payload = await self.upstream.reader(up).read()
-                turn.timing.waiting(t0)
-                headers = response_headers(up.headers, decoded=True)
-                status, reason = up.status, up.reason
+            call = await self._call_json(request, turn, messages, with_recall)
+            if call is None:
+                continue
+            status, reason, payload, headers = call
             if status != 200:
-                if with_recall and self._refused_tools(turn, status, payload):
-                    turn.recall_refused = True
-                    continue
                 return await self._send(request, turn, status, reason, payload, headers)
-            self._refusal_confirmed(turn)
             try:
                 data = orjson.loads(payload)
                 message = data["choices"][0]["message"]

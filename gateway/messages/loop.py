@@ -67,18 +67,12 @@ class MessagesRecallLoop(RecallLoop):
         usage_total, first_id, shown = None, None, []
         while True:
             with_recall = self._with_recall(turn)
-            t0 = time.perf_counter()
-            async with self._post(request, self._body(turn, messages, with_recall, stream=False)) as up:
-                payload = await self.upstream.reader(up).read()
-                turn.timing.waiting(t0)
-                headers = response_headers(up.headers, decoded=True)
-                status, reason = up.status, up.reason
+            call = await self._call_json(request, turn, messages, with_recall)
+            if call is None:
+                continue
+            status, reason, payload, headers = call
             if status != 200:
-                if with_recall and self._refused_tools(turn, status, payload):
-                    turn.recall_refused = True
-                    continue
                 return await self._send(request, turn, status, reason, payload, headers)
-            self._refusal_confirmed(turn)
             try:
                 data = orjson.loads(payload)
             except orjson.JSONDecodeError:
