@@ -37,7 +37,7 @@ from common import (  # noqa: E402
     MODEL, WINDOW, Bench, Client, Sent, answer_text, count_prompt, flatten_haystack, fmt, load_cases,
     machine_note, percentile, prefix_stats, quiet_logs, replay, replay_loop, run_and_report,
 )
-from gateway.chat.request import parse_chat_request  # noqa: E402
+from gateway.chat.adapter import parse_chat_request  # noqa: E402
 from gateway.keys import CHECKPOINTS, LEDGER, PIPELINE, SUMMARIZER  # noqa: E402
 from simulator.workloads import TOOL_SPECS, agent_loop_session, synthetic_session  # noqa: E402
 from store.canonical import path_ids  # noqa: E402

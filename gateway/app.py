@@ -18,7 +18,7 @@ from aiohttp import web
 
 from gateway.ops.admin import setup_admin
 from gateway.chat.pipeline import ChatPipeline, handle_chat
-from gateway.chat.quota import StorageQuota
+from gateway.pipeline.quota import StorageQuota
 from gateway.http.errors import Unauthorized
 from gateway.http.middleware import error_middleware
 from gateway.http.body import body_middleware
@@ -29,8 +29,8 @@ from gateway.ops.metrics import Metrics
 from gateway.http.proxy import passthrough
 from gateway.settings import Settings
 from gateway.recall.embeddings import RemoteEmbedder
-from gateway.chat.recall_loop import RecallLoop
-from gateway.chat.turn import TurnRecorder
+from gateway.pipeline.recall_loop import RecallLoop
+from gateway.pipeline.turn import TurnRecorder
 from gateway.jobs.indexer import Indexer
 from gateway.recall.tools import RecallTools
 from gateway.keys import INDEXER, CHECKPOINTS, COUNTER, IDENTITY, LEDGER, MESSAGES, METRICS, PIPELINE, RESPONSES, SETTINGS, SUMMARIZER, TURNS, UPSTREAM
@@ -43,8 +43,8 @@ from gateway.responses.stored import stored_response
 from store.response_ids import ResponseIds
 from gateway.jobs.summarizer import Summarizer
 from gateway.http.upstream import Upstream
-from gateway.chat.views import ViewBuilder
-from gateway.chat.windows import Windows
+from gateway.pipeline.views import ViewBuilder
+from gateway.pipeline.windows import Windows
 from policies import Calibration, TokenCounter
 from store import call as store_call, close_stores, open_stores, sweep_expired
 from store.interfaces import LedgerStore, TurnLogStore

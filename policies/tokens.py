@@ -65,7 +65,7 @@ class TokenCounter:
         """
         key = (hash(text), len(text), head_tokens, tail_tokens)
         if key in self._slices:
-            try:  # a worker thread may evict it meanwhile (gateway/chat/offload.py)
+            try:  # a worker thread may evict it meanwhile (gateway/pipeline/offload.py)
                 self._slices.move_to_end(key)
                 return self._slices[key]
             except KeyError:
@@ -88,7 +88,7 @@ class TokenCounter:
         if value is not None:
             try:
                 self._cache.move_to_end(key)
-            except KeyError:  # evicted meanwhile by a worker thread (gateway/chat/offload.py)
+            except KeyError:  # evicted meanwhile by a worker thread (gateway/pipeline/offload.py)
                 pass
         return value
 

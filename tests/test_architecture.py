@@ -176,7 +176,7 @@ def _cycles(modules: dict[str, Module]) -> list[list[str]]:
 
 def test_the_graph_sees_the_imports():
     pipeline = MODULES["gateway.chat.pipeline"]
-    assert {"gateway.chat.views", "gateway.http.errors", "gateway.keys"} <= pipeline.runtime
+    assert {"gateway.pipeline.views", "gateway.http.errors", "gateway.keys"} <= pipeline.runtime
     assert "gateway.ops.metrics" not in MODULES["gateway.ops.inspection"].runtime
 
 
@@ -247,3 +247,40 @@ def test_the_checks_catch_what_they_forbid():
     typing_only = _synthetic("store.ledger", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gateway.keys import X\n"
                              "try:\n    import gateway.keys\nexcept ImportError:\n    from store import y\n", known)
     assert typing_only.runtime == {"gateway.keys", "store"}
+
+
+FORMAT_ROOMS = ("gateway.chat", "gateway.responses", "gateway.messages")
+
+
+def _room(name: str) -> str | None:
+    return next((room for room in (*FORMAT_ROOMS, "gateway.pipeline") if name == room or name.startswith(room + ".")), None)
+
+
+def room_offenders(modules: dict[str, Module]) -> dict[str, list[str]]:
+    """Imports (at any level) that cross the rooms' walls: a format room naming another format's
+    room, or the shared pipeline naming any format room."""
+    offenders: dict[str, list[str]] = {}
+    for module in modules.values():
+        own = _room(module.name)
+        if own is None:
+            continue
+        bad = sorted(t for t in module.every if (other := _room(t)) in FORMAT_ROOMS and other != own)
+        if bad:
+            offenders[module.name] = bad
+    return offenders
+
+
+def test_format_rooms_stay_apart():
+    assert set(FORMAT_ROOMS) | {"gateway.pipeline"} <= set(MODULES)
+    assert not any(name.startswith("gateway.formats") for name in MODULES)  # the old shared room is gone
+    assert room_offenders(MODULES) == {}
+
+
+def test_the_room_check_catches_a_crossing():
+    known = {"gateway.chat", "gateway.chat.adapter", "gateway.responses", "gateway.responses.adapter",
+             "gateway.pipeline", "gateway.pipeline.views"}
+    crossing = _synthetic("gateway.responses.adapter", "from gateway.chat.adapter import parse\n", known)
+    shared = _synthetic("gateway.pipeline.views", "def f():\n    from gateway.responses import adapter\n", known)
+    own = _synthetic("gateway.chat.adapter", "from gateway.chat import x\nfrom gateway.pipeline import views\n", known)
+    found = room_offenders({m.name: m for m in (crossing, shared, own)})
+    assert found == {"gateway.responses.adapter": ["gateway.chat.adapter"], "gateway.pipeline.views": ["gateway.responses.adapter"]}

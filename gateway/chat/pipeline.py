@@ -9,7 +9,7 @@
 7. record the answer, update metrics, let the summariser know (``TurnRecorder``).
 
 When the view equals what the client sent, the client's body bytes are forwarded unchanged.
-Big bodies are parsed, hashed and projected off the event loop (``gateway.chat.offload``).
+Big bodies are parsed, hashed and projected off the event loop (``gateway.pipeline.offload``).
 A failure after the client's stream started ends that stream with an error event; the answer
 is then incomplete and is not recorded.
 """
@@ -22,21 +22,19 @@ import time
 import orjson
 from aiohttp import web
 
-from gateway.chat import offload
-from gateway.chat.quota import StorageQuota
-from gateway.chat.recall_loop import RecallLoop, body_without_recall
-from gateway.chat.turn import Timing, Turn, TurnRecorder, clean_usage
-from gateway.chat.views import View, ViewBuilder
+from gateway.chat.adapter import parse_and_hash
+from gateway.pipeline import offload
+from gateway.pipeline.pipeline import sync_history
+from gateway.pipeline.quota import StorageQuota
+from gateway.pipeline.recall_loop import RecallLoop, body_without_recall
+from gateway.pipeline.turn import Timing, Turn, TurnRecorder, clean_usage
+from gateway.pipeline.views import View, ViewBuilder
 from gateway.http.errors import GatewayError, UpstreamIncomplete
 from gateway.http.identity import Identity
 from gateway.http.sse import SSEDecoder, StreamAssembler, end_with_error
 from gateway.http.upstream import Upstream, response_headers
 from gateway.keys import LOG_FIELDS, MODEL, PIPELINE, REQUEST_ID, SESSION, TENANT, UPSTREAM_KEY
 from store import call as store_call
-
-# A request this long is synced in a worker thread even when its body is small.
-BIG_SYNC_MESSAGES = 2000
-
 
 class ChatPipeline:
     def __init__(self, *, settings, upstream: Upstream, ledger, identity: Identity, metrics, views: ViewBuilder,
@@ -55,7 +53,7 @@ class ChatPipeline:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         timing = Timing()
         tenant = self.identity.tenant(request)  # 401 here for a missing/unknown client key
-        chat, ids = await offload.parse_and_hash(await request.read())
+        chat, ids = await offload.parse_and_hash(await request.read(), parse_and_hash)
         model_label = self.metrics.model_label(chat.model)
         request[MODEL] = model_label
         # The fingerprint fallback (when enabled) names the session by its first event.
@@ -198,25 +196,6 @@ class ChatPipeline:
                     assembler.add(orjson.loads(data))
                 except (orjson.JSONDecodeError, AttributeError, TypeError):
                     continue
-
-
-async def sync_history(ledger, metrics, quota: StorageQuota | None, ref, chat, ids: list[str]) -> None:
-    """The request's messages into the ledger; a big request's in a worker thread (the
-    embedded ledger then answers the event loop's own writes from threads too)."""
-    if offload.is_big(chat.raw) or len(ids) >= BIG_SYNC_MESSAGES:
-        synced = await asyncio.to_thread(ledger.sync, ref, chat.history, ids, chat.model)
-    else:
-        synced = await store_call(ledger.sync, ref, chat.history, ids, chat.model)  # off the loop on PostgreSQL
-    chat.ids = synced.ids
-    if synced.added:
-        metrics.ledger_events.labels("message").inc(synced.added)
-        if quota is not None:
-            quota.stored(ref.tenant, stored_bytes(chat.history[-synced.added:]))
-
-
-def stored_bytes(messages: list[dict]) -> int:
-    """About what the ledger stores for `messages` (their JSON), for the storage quota."""
-    return sum(len(orjson.dumps(m)) for m in messages)
 
 
 def _many_choices(body: dict) -> bool:

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from gateway.chat.views import ViewBuilder
+from gateway.pipeline.views import ViewBuilder
 from gateway.http.errors import GatewayError
 from gateway.ops.inspection import Inspector, ViewInputs, list_sessions
 from gateway.ops.readonly import ConfiguredWindows

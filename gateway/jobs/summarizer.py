@@ -37,7 +37,7 @@ import asyncio
 import logging
 import time
 
-from gateway.chat.offload import pure as off_loop  # big deltas are read in a worker thread, off the event loop
+from gateway.pipeline.offload import pure as off_loop  # big deltas are read in a worker thread, off the event loop
 from gateway.http.upstream import Upstream
 from gateway.jobs.backoff import Breaker, SessionBackoff
 from gateway.jobs.pace import summary_due

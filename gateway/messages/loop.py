@@ -1,6 +1,6 @@
 """The recall loop for Anthropic Messages: the gateway answers session_search / session_load.
 
-The chat loop's rules (``gateway/chat/recall_loop.py``) on Messages content blocks: when an
+The chat loop's rules (``gateway/pipeline/recall_loop.py``) on Messages content blocks: when an
 answer calls only recall tools (``stop_reason: tool_use``), the gateway runs them, appends the
 assistant message as it came (thinking blocks with their signatures included, so they stay
 bound to their calls) and a user message of ``tool_result`` blocks, and calls the upstream
@@ -18,9 +18,9 @@ import time
 import orjson
 from aiohttp import web
 
-from gateway.chat.recall_loop import RecallLoop
-from gateway.chat.turn import Turn
-from gateway.formats import messages as fmt
+from gateway.pipeline.recall_loop import RecallLoop
+from gateway.pipeline.turn import Turn
+from gateway.messages import adapter as fmt
 from gateway.http.errors import GatewayError, UpstreamErrorEvent, UpstreamIncomplete, UpstreamUnreachable
 from gateway.http.sse import SSEDecoder
 from gateway.http.upstream import response_headers

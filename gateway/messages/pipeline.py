@@ -1,7 +1,7 @@
 """POST /v1/messages (and /v1/messages/count_tokens): the per-request pipeline for Anthropic Messages.
 
 The same steps as chat completions (docs/architecture.md, "A request's path"), on the neutral
-model the Messages adapter parses (``gateway/formats/messages.py``):
+model the Messages adapter parses (``gateway/messages/adapter.py``):
 
 1. identify tenant (``x-api-key`` is a credential too) and session (``X-Session-Id``, else
    Claude Code's ``X-Claude-Code-Session-Id``),
@@ -15,7 +15,7 @@ Errors the gateway itself answers on these routes use Anthropic's envelope
 (``gateway/http/middleware.py``); the upstream's own errors (a 529 ``overloaded_error``) are
 relayed as it sent them. ``count_tokens`` answers the gateway's estimate of the view it would
 send, without calling the upstream, writing the ledger or starting a summary. The shared steps
-are ``WirePipeline``'s (``gateway/formats/pipeline.py``).
+are ``WirePipeline``'s (``gateway/pipeline/pipeline.py``).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import copy
 import orjson
 from aiohttp import web
 
-from gateway.chat.turn import Turn
-from gateway.formats import messages as fmt
-from gateway.formats.pipeline import StreamWatch, WirePipeline
+from gateway.pipeline.turn import Turn
+from gateway.messages import adapter as fmt
+from gateway.pipeline.pipeline import StreamWatch, WirePipeline
 from gateway.http.errors import GatewayError, UpstreamErrorEvent, anthropic_error_type
 from gateway.messages.stream import MessageAssembler, chat_usage, encode, visible_blocks
 from gateway.ops.readonly import NoMetrics, NoSummaries

@@ -13,7 +13,7 @@ from store.turns import TurnBasis
 
 
 def of_turn(turn: Any, answer: Any, cost_usd: float | None = None) -> TurnBasis:
-    """The basis of a ``gateway.chat.turn.Turn`` whose answer was recorded as event `answer`."""
+    """The basis of a ``gateway.pipeline.turn.Turn`` whose answer was recorded as event `answer`."""
     view = turn.view
     billed = turn.billed  # what the provider said it cached, over the turn's upstream calls
     return TurnBasis(

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import orjson
 
-from gateway.chat.request import parse_chat_request
+from gateway.chat.adapter import parse_chat_request
 from gateway.http.errors import BadRequest, NotFound
-from gateway.chat.views import ViewBuilder
+from gateway.pipeline.views import ViewBuilder
 from gateway.ops.readonly import CheckpointsAsOf, NoMetrics, NoSummaries, RecordedWindows, SessionEvents
 from store.records import Checkpoint, Event, SessionRecord, SessionRef
 from store.turns import TurnBasis

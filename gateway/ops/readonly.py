@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from gateway.chat.windows import DEFAULT_WINDOW, KNOWN
+from gateway.pipeline.windows import DEFAULT_WINDOW, KNOWN
 from store.records import Checkpoint, Event
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import orjson
 from multidict import CIMultiDict
 
-from gateway.formats import responses as fmt
+from gateway.responses import adapter as fmt
 from gateway.http.sse import SSEDecoder, StreamAssembler
 from gateway.responses.stream import encode
 from policies.conversation import wire_items

@@ -25,7 +25,7 @@ import time
 import orjson
 from aiohttp import web
 
-from gateway.formats import responses as fmt
+from gateway.responses import adapter as fmt
 from gateway.responses.stream import encode
 from policies import extract_exact_values, render_summary_block
 from policies.conversation import wire_items, with_wire

@@ -1,6 +1,6 @@
 """The recall loop for the Responses API: the gateway answers session_search / session_load.
 
-The chat loop's rules (``gateway/chat/recall_loop.py``) on Responses items: when a response's
+The chat loop's rules (``gateway/pipeline/recall_loop.py``) on Responses items: when a response's
 output calls only recall tools, the gateway runs them, appends the output items (reasoning
 included, so it stays bound to its calls) and ``function_call_output`` items, and calls the
 upstream again, up to ``recall.max_rounds``; then once more without recall tools. The client
@@ -17,9 +17,9 @@ import time
 import orjson
 from aiohttp import web
 
-from gateway.chat.recall_loop import RecallLoop
-from gateway.chat.turn import Turn
-from gateway.formats import responses as fmt
+from gateway.pipeline.recall_loop import RecallLoop
+from gateway.pipeline.turn import Turn
+from gateway.responses import adapter as fmt
 from gateway.http.errors import GatewayError, UpstreamErrorEvent, UpstreamIncomplete, UpstreamUnreachable
 from gateway.http.sse import SSEDecoder
 from gateway.http.upstream import response_headers

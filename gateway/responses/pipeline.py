@@ -1,7 +1,7 @@
 """POST /v1/responses: the per-request pipeline for the OpenAI Responses API.
 
 The same steps as chat completions (docs/architecture.md, "A request's path"), on the neutral
-model the Responses adapter parses (``gateway/formats/responses.py``):
+model the Responses adapter parses (``gateway/responses/adapter.py``):
 
 1. identify tenant and session (``X-Session-Id``, else Codex's ``session-id`` / ``thread-id``;
    a ``previous_response_id`` the gateway recorded names its own session),
@@ -12,7 +12,7 @@ model the Responses adapter parses (``gateway/formats/responses.py``):
 5. forward (the client's bytes when the view is unchanged); resolve recall calls in the loop,
 6. record the answer (the output items the client saw) and remember the response id.
 
-The shared steps are ``WirePipeline``'s (``gateway/formats/pipeline.py``). A
+The shared steps are ``WirePipeline``'s (``gateway/pipeline/pipeline.py``). A
 ``compaction_trigger`` and ``POST /v1/responses/compact`` are answered from the gateway's own
 checkpoint (``gateway/responses/compaction.py``).
 """
@@ -22,9 +22,9 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
-from gateway.chat.turn import Turn, clean_usage
-from gateway.formats import responses as fmt
-from gateway.formats.pipeline import StreamWatch, WirePipeline
+from gateway.pipeline.turn import Turn, clean_usage
+from gateway.responses import adapter as fmt
+from gateway.pipeline.pipeline import StreamWatch, WirePipeline
 from gateway.http.errors import BadRequest, GatewayError, NotFound
 from gateway.http.upstream import response_headers
 from gateway.keys import REQUEST_ID, UPSTREAM_KEY

@@ -249,7 +249,7 @@ def _ledger(gw):
 
 
 async def test_big_history_is_projected_off_the_loop_and_answered(gateway, upstream):
-    """A body over the offload threshold (gateway/chat/offload.py): parsed, hashed and
+    """A body over the offload threshold (gateway/pipeline/offload.py): parsed, hashed and
     projected in a worker thread, with window discovery and the sync summary run on the loop."""
     history = []
     for i in range(240):

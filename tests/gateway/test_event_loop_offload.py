@@ -10,7 +10,7 @@ import threading
 import openai
 
 import gateway.jobs.summarizer as summarizer_module
-from gateway.chat import offload
+from gateway.pipeline import offload
 from gateway.jobs.indexer import BATCH_EVENTS, Indexer
 from gateway.keys import CHECKPOINTS, LEDGER
 from store.ledger import Event, Ledger

@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gateway.formats import responses as fmt
+from gateway.responses import adapter as fmt
 from gateway.http.errors import BadRequest
 from policies import split_rounds, tool_pair_problems
 from policies.messages import with_text

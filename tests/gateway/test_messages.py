@@ -8,7 +8,7 @@ import anthropic
 import orjson
 import pytest
 
-from gateway.formats.cache_breakpoints import count_breakpoints
+from gateway.messages.cache_breakpoints import count_breakpoints
 from tests.support.agent import settle
 
 BETA = "claude-code-20250219,interleaved-thinking-2025-05-14,mid-conversation-system-2026-04-07"
@@ -262,7 +262,7 @@ async def test_mid_conversation_system_messages_stay_in_place_through_the_gatewa
 
 async def test_windows_of_an_anthropic_upstream_and_of_well_known_claude_models(upstream, start_gateway):
     from gateway.keys import UPSTREAM
-    from gateway.chat.windows import Windows
+    from gateway.pipeline.windows import Windows
 
     gw = await start_gateway(upstream={"format": "anthropic", "api_key": "sk-operator"})
     windows = Windows({}, gw.app[UPSTREAM])

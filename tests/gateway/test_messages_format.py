@@ -10,8 +10,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gateway.formats import messages as fmt
-from gateway.formats.cache_breakpoints import count_breakpoints
+from gateway.messages import adapter as fmt
+from gateway.messages.cache_breakpoints import count_breakpoints
 from gateway.http.errors import BadRequest
 from policies.rounds import split_rounds, tool_pair_problems
 from store.canonical import path_ids

@@ -1,11 +1,11 @@
-"""Context-window discovery (gateway/chat/windows.py)."""
+"""Context-window discovery (gateway/pipeline/windows.py)."""
 
 from __future__ import annotations
 
 import time
 
 from gateway.chat import windows as windows_module
-from gateway.chat.windows import DEFAULT_WINDOW, Windows
+from gateway.pipeline.windows import DEFAULT_WINDOW, Windows
 
 
 class FakeResponse:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from aiohttp import ClientSession
 
-from gateway.chat.turn import clean_usage
+from gateway.pipeline.turn import clean_usage
 from tests.robustness.scripted import answer, client
 
 FILLER = "lorem ipsum dolor sit amet " * 100

@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from gateway.chat.request import ChatRequest, json_object
+from gateway.pipeline.request import ChatRequest, json_object
 from gateway.http.errors import BadRequest
 from policies.conversation import opaque_identity, wire_items, with_wire
 

@@ -4,12 +4,14 @@
     view --render--> upstream JSON (items the view did not change re-emitted as the client sent them)
     upstream answer / stream --assemble, filter--> client (recall calls hidden)
 
-``chat`` is the Chat Completions format the gateway started with (its parsing lives in
-``gateway/chat/request.py``); ``responses`` is the OpenAI Responses API (Codex CLI, the Agents
-SDK); ``messages`` is Anthropic Messages (Claude Code). The neutral model is described in
-``policies/conversation.py``. Each adapter owns: parsing (400 in its own envelope), the
-canonical form of its items (opaque parts), rendering, recall-tool schemas in its format, its
-stream filter and assembler, and where the summary block goes.
+Each format is a room of its own: ``gateway/chat/`` (Chat Completions, the format the gateway
+started with), ``gateway/responses/`` (the OpenAI Responses API: Codex CLI, the Agents SDK) and
+``gateway/messages/`` (Anthropic Messages: Claude Code). ``gateway/pipeline/`` holds what they
+share and imports none of them; no format room imports another (tests/test_architecture.py).
+The neutral model is described in ``policies/conversation.py``. Each adapter owns: parsing (400
+in its own envelope), the canonical form of its items (opaque parts), rendering, its stream
+filter and assembler, and where the summary block goes. The recall tools' schema in each
+format's tool shape is here, because the view builder injects them.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from gateway.chat.request import ChatRequest
-from gateway.chat.views import View
+from gateway.pipeline.request import ChatRequest
+from gateway.pipeline.views import View
 from gateway.http.errors import GatewayError, UpstreamTimeout
 from gateway.ops.basis import of_turn as request_basis
 from policies.prices import CacheUsage

@@ -19,17 +19,21 @@ import time
 import orjson
 from aiohttp import web
 
-from gateway.chat import offload
-from gateway.chat.pipeline import sync_history
-from gateway.chat.turn import Timing, Turn, TurnRecorder
-from gateway.chat.views import View, ViewBuilder
+from gateway.pipeline import offload
+from gateway.pipeline.quota import StorageQuota
+from gateway.pipeline.turn import Timing, Turn, TurnRecorder
+from gateway.pipeline.views import View, ViewBuilder
 from gateway.http.errors import GatewayError, UpstreamIncomplete
 from gateway.http.identity import Identity
 from gateway.http.sse import SSEDecoder
 from gateway.http.upstream import Upstream, response_headers
 from gateway.keys import LOG_FIELDS, MODEL, REQUEST_ID, SESSION, TENANT, UPSTREAM_KEY
+from store import call as store_call
 from store.records import SessionRef
 
+
+# A request this long is synced in a worker thread even when its body is small.
+BIG_SYNC_MESSAGES = 2000
 
 class StreamWatch:
     """Reads a relayed stream's events on the side: ``feed`` each one (it may raise the
@@ -56,7 +60,7 @@ class WirePipeline:
         self.metrics = metrics
         self.views = views
         self.recorder = recorder
-        self.quota = quota  # per-tenant storage quotas (gateway/chat/quota.py)
+        self.quota = quota  # per-tenant storage quotas (gateway/pipeline/quota.py)
         self.loop = loop  # the format's RecallLoop, set by the composition root
         self._drop = frozenset({settings.session.header.lower()})
 
@@ -94,9 +98,7 @@ class WirePipeline:
     # -- shared steps --------------------------------------------------------------------------
 
     async def parsed(self, raw: bytes):
-        if not offload.is_big(raw):
-            return self.parse_and_hash(raw)
-        return await asyncio.to_thread(self.parse_and_hash, raw)
+        return await offload.parse_and_hash(raw, self.parse_and_hash)
 
     def auth(self, request: web.Request) -> dict[str, str] | None:
         """The client's credential headers, kept in memory for the gateway's own calls."""
@@ -239,3 +241,22 @@ class WirePipeline:
             return
         if isinstance(data, dict):
             self.learn(turn, data)
+
+
+async def sync_history(ledger, metrics, quota: StorageQuota | None, ref, chat, ids: list[str]) -> None:
+    """The request's messages into the ledger; a big request's in a worker thread (the
+    embedded ledger then answers the event loop's own writes from threads too)."""
+    if offload.is_big(chat.raw) or len(ids) >= BIG_SYNC_MESSAGES:
+        synced = await asyncio.to_thread(ledger.sync, ref, chat.history, ids, chat.model)
+    else:
+        synced = await store_call(ledger.sync, ref, chat.history, ids, chat.model)  # off the loop on PostgreSQL
+    chat.ids = synced.ids
+    if synced.added:
+        metrics.ledger_events.labels("message").inc(synced.added)
+        if quota is not None:
+            quota.stored(ref.tenant, stored_bytes(chat.history[-synced.added:]))
+
+
+def stored_bytes(messages: list[dict]) -> int:
+    """About what the ledger stores for `messages` (their JSON), for the storage quota."""
+    return sum(len(orjson.dumps(m)) for m in messages)

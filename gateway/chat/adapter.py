@@ -1,4 +1,4 @@
-"""Parsing and validating a chat completion request body (400 on what we cannot route).
+"""Chat Completions: parsing and validating a request body (400 on what we cannot route).
 
 Only what the gateway itself depends on is checked: JSON object, ``model`` a string,
 ``messages`` a non-empty list of objects with string roles, each tool call (and legacy
@@ -9,39 +9,11 @@ business and is passed on unchanged.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-import orjson
-
 from gateway.http.errors import BadRequest
-from store.canonical import is_instruction
+from gateway.pipeline.request import ChatRequest, json_object
+from store.canonical import is_instruction, path_ids
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
-
-
-@dataclass(slots=True)
-class ChatRequest:
-    raw: bytes
-    body: dict
-    model: str
-    stream: bool
-    instructions: list[dict]  # system/developer messages: not history, always this request's
-    history: list[dict]  # everything else: the path in the ledger
-    max_output_tokens: int = 0
-    ids: list[str] = field(default_factory=list)
-    format: str = "chat"  # the wire format the client spoke (gateway/formats/)
-    compact: bool = False  # the client asked for the conversation to be compacted (Responses: compaction_trigger)
-
-
-def _too_deep(body: dict) -> bool:
-    """orjson parses 1024 levels of nesting but writes only 254: a body deeper than that could
-    be read but not hashed or forwarded, so it is refused as a 400 up front.
-    Writing it once costs ~5 ms for 10k messages, far less than walking it in Python."""
-    try:
-        orjson.dumps(body)
-    except orjson.JSONEncodeError:
-        return True
-    return False
 
 
 def _check_call(function, where: str, *, required: bool) -> None:
@@ -53,19 +25,6 @@ def _check_call(function, where: str, *, required: bool) -> None:
     for key in ("name", "arguments"):
         if function.get(key) is not None and not isinstance(function[key], str):
             raise BadRequest(f"'{where}.{key}' must be a string.", param=f"{where}.{key}")
-
-
-def json_object(raw: bytes) -> dict:
-    """The body as a JSON object the gateway can hash and forward, else 400 (every format)."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"We could not parse the JSON body of your request ({exc.args[0]}).") from None
-    if not isinstance(body, dict):
-        raise BadRequest("The request body must be a JSON object.")
-    if _too_deep(body):
-        raise BadRequest("The request body is nested too deeply (JSON deeper than 254 levels).")
-    return body
 
 
 def parse_chat_request(raw: bytes) -> ChatRequest:
@@ -116,3 +75,9 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     instructions = [m for m in messages if is_instruction(m)]
     history = [m for m in messages if not is_instruction(m)]
     return ChatRequest(raw, body, model, stream, instructions, history, max_out)
+
+
+def parse_and_hash(raw: bytes) -> tuple[ChatRequest, list[str]]:
+    """The parsed request and its history's content addresses (``path_ids``)."""
+    chat = parse_chat_request(raw)
+    return chat, path_ids(chat.history) if chat.history else []

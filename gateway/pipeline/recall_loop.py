@@ -29,8 +29,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.chat.turn import Turn, TurnRecorder, add_usage, clean_usage
-from gateway.chat.views import ViewBuilder
+from gateway.pipeline.turn import Turn, TurnRecorder, add_usage, clean_usage
+from gateway.pipeline.views import ViewBuilder
 from gateway.http.errors import GatewayError, UpstreamErrorEvent, UpstreamIncomplete, UpstreamUnreachable
 from gateway.http.sse import SSEDecoder, StreamAssembler, ToolCallIndexer, encode_event, end_with_error, readable_chunk, readable_completion
 from gateway.http.upstream import Upstream, response_headers

@@ -26,7 +26,7 @@ message holding one, as Anthropic reads it.
 ``render_body`` re-emits the client's own blocks for every item the view did not change,
 regroups tool items and the user item after them into one user message (results first), puts
 the gateway's system items (the summary block, the recall note) as text blocks after the
-client's ``system``, and places the cache breakpoints (``gateway/formats/cache_breakpoints.py``).
+client's ``system``, and places the cache breakpoints (``gateway/messages/cache_breakpoints.py``).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from typing import Any
 
 import orjson
 
-from gateway.chat.request import ChatRequest, json_object
-from gateway.formats.cache_breakpoints import place_breakpoints
+from gateway.pipeline.request import ChatRequest, json_object
+from gateway.messages.cache_breakpoints import place_breakpoints
 from gateway.http.errors import BadRequest
 from policies.conversation import opaque_identity, wire_items, with_wire
 

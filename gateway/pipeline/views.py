@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import orjson
 
-from gateway.chat.request import ChatRequest
-from gateway.formats import recall_tools_for
+from gateway.pipeline.request import ChatRequest
+from gateway.pipeline.formats import recall_tools_for
 from gateway.http.errors import ContextLengthExceeded
 from policies import (
     CheckpointMark,

@@ -5,7 +5,7 @@ Below ``BIG_BODY_BYTES`` everything stays inline: a thread hop costs more than p
 hashing and counting a normal request (the pass-through overhead is measured in
 milliseconds). Above it, three steps move to a worker thread:
 
-- ``parse_and_hash``: JSON parsing and the content addresses of the history (``path_ids``);
+- ``parse_and_hash``: a format's JSON parsing and the content addresses of the history (``path_ids``);
 - ``build_view``: the whole view build (token counting, projection, compaction, tailoring). It
   runs on a private event loop in the worker thread; the builder's collaborators that have
   coroutine methods (window discovery, sync summaries, ...) are bounced back to the gateway's
@@ -26,9 +26,8 @@ import inspect
 from collections.abc import Mapping
 from typing import Any, Callable, TypeVar
 
-from gateway.chat.request import ChatRequest, parse_chat_request
-from gateway.chat.views import View, ViewBuilder
-from store.canonical import path_ids
+from gateway.pipeline.request import ChatRequest
+from gateway.pipeline.views import View, ViewBuilder
 from store.records import SessionRef
 
 T = TypeVar("T")
@@ -39,11 +38,6 @@ MANY_MESSAGES = 256
 
 def is_big(raw: bytes) -> bool:
     return len(raw) >= BIG_BODY_BYTES
-
-
-def _parse_and_hash(raw: bytes) -> tuple[ChatRequest, list[str]]:
-    chat = parse_chat_request(raw)
-    return chat, path_ids(chat.history) if chat.history else []
 
 
 def is_heavy(messages: list) -> bool:
@@ -70,11 +64,12 @@ async def pure(fn: Callable[..., T], messages: list, /, *args: Any, **kwargs: An
     return await asyncio.to_thread(fn, messages, *args, **kwargs)
 
 
-async def parse_and_hash(raw: bytes) -> tuple[ChatRequest, list[str]]:
-    """The parsed request and its history's ids; in a worker thread when the body is big."""
+async def parse_and_hash(raw: bytes, parse: Callable[[bytes], tuple[ChatRequest, list[str]]]) -> tuple[ChatRequest, list[str]]:
+    """`parse(raw)`: a format's parsed request and its history's ids; in a worker thread when
+    the body is big."""
     if not is_big(raw):
-        return _parse_and_hash(raw)
-    return await asyncio.to_thread(_parse_and_hash, raw)
+        return parse(raw)
+    return await asyncio.to_thread(parse, raw)
 
 
 class OnLoop:
