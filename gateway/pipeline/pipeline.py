@@ -21,11 +21,11 @@ from aiohttp import web
 
 from gateway.pipeline import offload
 from gateway.pipeline.quota import StorageQuota
+from gateway.pipeline.relay import DONE, upstream_events
 from gateway.pipeline.turn import Timing, Turn, TurnRecorder
 from gateway.pipeline.views import View, ViewBuilder
 from gateway.http.errors import GatewayError, UpstreamIncomplete
 from gateway.http.identity import Identity
-from gateway.http.sse import SSEDecoder
 from gateway.http.upstream import Upstream, response_headers
 from gateway.keys import LOG_FIELDS, MODEL, REQUEST_ID, SESSION, TENANT, UPSTREAM_KEY
 from store import call as store_call
@@ -64,7 +64,7 @@ class WirePipeline:
         self.views = views
         self.recorder = recorder
         self.quota = quota  # per-tenant storage quotas (gateway/pipeline/quota.py)
-        self.loop = loop  # the format's RecallLoop, set by the composition root
+        self.loop = loop  # the recall loop (gateway/pipeline/recall_loop.py), one for every format
         self._drop = frozenset({settings.session.header.lower()})
 
     # -- the format's own ---------------------------------------------------------------------
@@ -168,7 +168,7 @@ class WirePipeline:
         and logged whatever happens."""
         try:
             if self.recalls(turn):
-                response = await self.loop.respond(request, turn)
+                response = await self.loop.respond(request, turn, self)  # this pipeline is the loop's RecallAdapter
             else:
                 response = await self.relay(request, turn)
             if turn.failure is None:
@@ -234,24 +234,15 @@ class WirePipeline:
 
     async def _pump(self, reader, response: web.StreamResponse, turn: Turn) -> StreamWatch:
         """Relay the upstream's bytes as they come; the answer read on the side."""
-        decoder, watch = SSEDecoder(), self.watch()
-        while True:
-            t0 = time.perf_counter()
-            chunk = await reader.chunk()
-            turn.timing.waiting(t0)
-            if not chunk:
-                return watch
+        watch = self.watch()
+        async for chunk, events in upstream_events(reader, turn.timing):
             await response.write(chunk)
-            for data in decoder.feed(chunk):
-                if data == "[DONE]":
+            for event in events:
+                if event is DONE:
                     watch.done()
-                    continue
-                try:
-                    event = orjson.loads(data)
-                except orjson.JSONDecodeError:
-                    continue
-                if isinstance(event, dict):
+                else:
                     watch.feed(event)
+        return watch
 
     def _learn_payload(self, turn: Turn, payload: bytes) -> None:
         try:
