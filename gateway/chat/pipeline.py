@@ -21,7 +21,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from gateway.chat.adapter import parse_and_hash
-from gateway.chat.recall import ChatJsonTurn, ChatRecallStream, body_without_recall, recall_body
+from gateway.chat.recall import RECALL, body_without_recall
 from gateway.http.errors import GatewayError
 from gateway.http.sse import StreamAssembler, end_with_error
 from gateway.keys import PIPELINE
@@ -62,6 +62,7 @@ class ChatWatch(StreamWatch):
 class ChatPipeline(WirePipeline):
     route = "chat"
     path = "/v1/chat/completions"
+    recall_format = RECALL
 
     def parse_and_hash(self, raw: bytes):
         return parse_and_hash(raw)
@@ -88,15 +89,6 @@ class ChatPipeline(WirePipeline):
 
     def watch(self) -> StreamWatch:
         return ChatWatch()
-
-    def recall_body(self, turn: Turn, messages: list[dict], with_recall: bool, stream: bool) -> bytes:
-        return recall_body(turn, messages, with_recall, stream)
-
-    def json_turn(self, turn: Turn) -> ChatJsonTurn:
-        return ChatJsonTurn(turn)
-
-    def recall_stream(self, turn: Turn) -> ChatRecallStream:
-        return ChatRecallStream(turn)
 
     async def end_stream(self, response: web.StreamResponse, error: GatewayError) -> None:
         await end_with_error(response, error)

@@ -30,7 +30,7 @@ from gateway.pipeline.turn import Turn
 from gateway.messages import adapter as fmt
 from gateway.pipeline.pipeline import StreamWatch, WirePipeline
 from gateway.http.errors import GatewayError, UpstreamErrorEvent, anthropic_error_type
-from gateway.messages.recall import MessagesJsonTurn, MessagesRecallStream, recall_body
+from gateway.messages.recall import RECALL
 from gateway.messages.stream import MessageAssembler, answer_of, chat_usage, encode
 from gateway.ops.readonly import NoMetrics, NoSummaries
 from store.canonical import path_ids
@@ -69,6 +69,7 @@ class MessagesPipeline(WirePipeline):
     route = ROUTE
     path = PATH
     credentials = CREDENTIALS
+    recall_format = RECALL
 
     def __init__(self, **parts) -> None:
         super().__init__(**parts)
@@ -95,15 +96,6 @@ class MessagesPipeline(WirePipeline):
     def learn(self, turn: Turn, data: dict) -> None:
         turn.usage = chat_usage(data.get("usage"))
         turn.answer = answer_of(data, turn.view.recall_names)
-
-    def recall_body(self, turn: Turn, messages: list[dict], with_recall: bool, stream: bool) -> bytes:
-        return recall_body(turn, messages, with_recall, stream)
-
-    def json_turn(self, turn: Turn) -> MessagesJsonTurn:
-        return MessagesJsonTurn(turn)
-
-    def recall_stream(self, turn: Turn) -> MessagesRecallStream:
-        return MessagesRecallStream(turn)
 
     async def count_tokens(self, request: web.Request) -> web.Response:
         """``{"input_tokens": N}`` for the view the gateway would send for this body."""

@@ -16,7 +16,7 @@ import orjson
 from gateway.http.errors import UpstreamErrorEvent
 from gateway.messages import adapter as fmt
 from gateway.messages.stream import MessageStreamFilter, add_usage, answer_of, chat_usage, is_recall_block, visible_blocks
-from gateway.pipeline.adapter import Reply
+from gateway.pipeline.adapter import RecallFormat, Reply
 from gateway.pipeline.turn import Turn
 from policies.messages import tool_calls
 
@@ -100,3 +100,6 @@ class MessagesRecallStream:
 
     def usage(self) -> dict | None:
         return chat_usage(self.filter.usage)
+
+
+RECALL = RecallFormat(recall_body, MessagesJsonTurn, MessagesRecallStream)

@@ -9,6 +9,7 @@ into a ``Reply`` and merges the turn's answers into the one the client sees, in 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -68,6 +69,15 @@ class RecallStream(Protocol):
         """The turn's usage, chat-shaped."""
 
 
+@dataclass(frozen=True, slots=True)
+class RecallFormat:
+    """A format's answers for the recall loop: its ``recall.py`` names them once."""
+
+    body: Callable[..., bytes]  # (turn, messages, with_recall, stream): the upstream body of a round
+    json_turn: Callable[[Any], JsonTurn]  # (turn)
+    stream: Callable[[Any], RecallStream]  # (turn)
+
+
 class RecallAdapter(Protocol):
     """What the recall loop asks of a format's pipeline."""
 
@@ -83,4 +93,4 @@ class RecallAdapter(Protocol):
 
     async def record(self, turn, tenant: str | None = None) -> None: ...
 
-    async def end_stream(self, response: web.StreamResponse, error) -> None: ...
+    async def stream_failed(self, response: web.StreamResponse | None, turn, error) -> web.StreamResponse: ...

@@ -20,6 +20,7 @@ import orjson
 from aiohttp import web
 
 from gateway.pipeline import offload
+from gateway.pipeline.adapter import RecallFormat
 from gateway.pipeline.quota import StorageQuota
 from gateway.pipeline.relay import DONE, upstream_events
 from gateway.pipeline.turn import Timing, Turn, TurnRecorder
@@ -97,6 +98,18 @@ class WirePipeline:
 
     async def record(self, turn: Turn, tenant: str | None = None) -> None:
         await self.recorder.answer(turn)
+
+    # The format's answers for the recall loop (its recall.py): this pipeline is the loop's adapter.
+    recall_format: RecallFormat
+
+    def recall_body(self, turn: Turn, messages: list[dict], with_recall: bool, stream: bool) -> bytes:
+        return self.recall_format.body(turn, messages, with_recall, stream)
+
+    def json_turn(self, turn: Turn):
+        return self.recall_format.json_turn(turn)
+
+    def recall_stream(self, turn: Turn):
+        return self.recall_format.stream(turn)
 
     def recalls(self, turn: Turn) -> bool:
         """Whether the recall loop serves this turn (its view carries the recall tools)."""
@@ -226,10 +239,16 @@ class WirePipeline:
                 await self.record(turn, request.get(TENANT))  # durable before the stream ends
                 await response.write_eof()
         except GatewayError as exc:
-            if response is None or not response.prepared:
-                raise
-            self.recorder.failed_in_stream(turn, exc)
-            await self.end_stream(response, exc)
+            return await self.stream_failed(response, turn, exc)
+        return response
+
+    async def stream_failed(self, response: web.StreamResponse | None, turn: Turn, error: GatewayError) -> web.StreamResponse:
+        """`error` before the client's stream started goes up to the error middleware; after,
+        the answer is incomplete (not recorded) and the stream ends with the format's error event."""
+        if response is None or not response.prepared:
+            raise error
+        self.recorder.failed_in_stream(turn, error)
+        await self.end_stream(response, error)
         return response
 
     async def _pump(self, reader, response: web.StreamResponse, turn: Turn) -> StreamWatch:

@@ -249,11 +249,7 @@ class RecallLoop:
                 await response.write_eof()
                 return response
         except GatewayError as exc:
-            if response is None or not response.prepared:
-                raise
-            self.recorder.failed_in_stream(turn, exc)
-            await adapter.end_stream(response, exc)
-            return response
+            return await adapter.stream_failed(response, turn, exc)
 
     @staticmethod
     async def _relay_round(reader, turn: Turn, relay, response: web.StreamResponse) -> None:

@@ -29,7 +29,7 @@ from gateway.http.errors import BadRequest, GatewayError, NotFound
 from gateway.http.upstream import response_headers
 from gateway.keys import REQUEST_ID, UPSTREAM_KEY
 from gateway.responses.chat_upstream import ChatUpstream
-from gateway.responses.recall import ResponsesJsonTurn, ResponsesRecallStream, recall_body
+from gateway.responses.recall import RECALL
 from gateway.responses.stream import TERMINAL, answer_of, chat_usage, encode
 from store import call as store_call
 from store.canonical import event_id, path_ids
@@ -56,6 +56,7 @@ class ResponsesWatch(StreamWatch):
 class ResponsesPipeline(WirePipeline):
     route = ROUTE
     path = PATH
+    recall_format = RECALL
 
     def __init__(self, *, response_ids: ResponseIds, compactor, **parts) -> None:
         super().__init__(**parts)
@@ -172,15 +173,6 @@ class ResponsesPipeline(WirePipeline):
 
     def watch(self) -> StreamWatch:
         return ResponsesWatch()
-
-    def recall_body(self, turn: Turn, messages: list[dict], with_recall: bool, stream: bool) -> bytes:
-        return recall_body(turn, messages, with_recall, stream)
-
-    def json_turn(self, turn: Turn) -> ResponsesJsonTurn:
-        return ResponsesJsonTurn(turn)
-
-    def recall_stream(self, turn: Turn) -> ResponsesRecallStream:
-        return ResponsesRecallStream(turn)
 
     async def end_stream(self, response: web.StreamResponse, error: GatewayError) -> None:
         await end_stream_with_error(response, error)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import orjson
 
 from gateway.http.errors import UpstreamErrorEvent
-from gateway.pipeline.adapter import Reply
+from gateway.pipeline.adapter import RecallFormat, Reply
 from gateway.pipeline.turn import Turn
 from gateway.responses import adapter as fmt
 from gateway.responses.stream import (TERMINAL, ResponseStreamFilter, add_usage, answer_of, as_sent, chat_usage,
@@ -121,3 +121,6 @@ class ResponsesRecallStream:
 
     def usage(self) -> dict | None:
         return chat_usage(self.filter.usage)
+
+
+RECALL = RecallFormat(recall_body, ResponsesJsonTurn, ResponsesRecallStream)
