@@ -220,6 +220,8 @@ class TenantSettings(_Section):
     key: SecretStr = Field(..., description="The tenant's client API key.")
     upstream_key: SecretStr = Field(SecretStr(""), description="Provider key used for this tenant instead of upstream.api_key.")
     max_stored_mb: float | None = Field(None, gt=0, description="Ledger storage quota for this tenant (default store.max_stored_mb).")
+    bypass: bool = Field(False, description="Send this tenant's requests upstream untouched (still recorded), "
+                         "as x-palimpsest-bypass: 1 does for one request.")
 
 
 class LogSettings(_Section):

@@ -24,6 +24,7 @@ from aiohttp import web
 
 from gateway.chat.adapter import parse_and_hash
 from gateway.pipeline import offload
+from gateway.pipeline.bypass import BYPASS_HEADER, bypass_reason
 from gateway.pipeline.pipeline import sync_history
 from gateway.pipeline.quota import StorageQuota
 from gateway.pipeline.recall_loop import RecallLoop, body_without_recall
@@ -33,6 +34,7 @@ from gateway.http.errors import GatewayError, UpstreamIncomplete
 from gateway.http.identity import Identity
 from gateway.http.sse import SSEDecoder, StreamAssembler, end_with_error
 from gateway.http.upstream import Upstream, response_headers
+from gateway.ops.receipts import RECEIPT_HEADER, new_receipt_id
 from gateway.keys import LOG_FIELDS, MODEL, PIPELINE, REQUEST_ID, SESSION, TENANT, UPSTREAM_KEY
 from store import call as store_call
 
@@ -48,11 +50,15 @@ class ChatPipeline:
         self.recall = recall
         self.recorder = recorder
         self.quota = quota
-        self._drop = frozenset({settings.session.header.lower()})
+        self._drop = frozenset({settings.session.header.lower(), BYPASS_HEADER})
+        self._bypass_tenants = frozenset(name for name, t in settings.tenant_table().items() if t.bypass)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         timing = Timing()
         tenant = self.identity.tenant(request)  # 401 here for a missing/unknown client key
+        bypass = bypass_reason(request, tenant, self._bypass_tenants)  # the client's bytes go as they came
+        if bypass is not None:
+            self.metrics.bypassed.labels("chat", bypass).inc()
         chat, ids = await offload.parse_and_hash(await request.read(), parse_and_hash)
         model_label = self.metrics.model_label(chat.model)
         request[MODEL] = model_label
@@ -66,12 +72,14 @@ class ChatPipeline:
                 await self.quota.check(tenant)  # 429 before anything is stored
         # The client's credential (Authorization, or Azure-style api-key) for summary and discovery calls.
         auth = {h: v for h in ("Authorization", "api-key") if (v := request.headers.get(h))} or None
-        view = await offload.build_view(self.views, chat, ref, auth) if ref is not None else View()
+        view = await offload.build_view(self.views, chat, ref, auth) if ref is not None and not bypass else View()
         if ref is not None and ids:
             await self._sync(ref, chat, ids)
-        turn = Turn(chat, ref, model_label, timing, view, auth=auth)
+        turn = Turn(chat, ref, model_label, timing, view, auth=auth, bypass=bypass)
         turn.headers["x-request-id"] = request.get(REQUEST_ID, "")
         if ref is not None:
+            turn.receipt = new_receipt_id()
+            turn.headers[RECEIPT_HEADER] = turn.receipt
             turn.headers["x-palimpsest-session"] = ref.session_id
             turn.headers["x-palimpsest-prompt-tokens-client"] = str(view.client_tokens)
             turn.headers["x-palimpsest-prompt-tokens-upstream"] = str(view.upstream_tokens)

@@ -2,6 +2,7 @@
 
     GET  /admin/ui                                 the inspector page (no token: it asks for one)
     GET  /admin/sessions?tenant=&limit=            sessions, newest first
+    GET  /admin/receipts/{id}                      one request's receipt (gateway/ops/receipts.py), any tenant's
     GET  /admin/sessions/{tenant}/{hash}           branches, events, checkpoints, per-request tokens
     GET  /admin/sessions/{tenant}/{hash}/view      the exact view the upstream would receive
     POST /admin/sessions/{tenant}/{hash}/view      same, with {"system", "tools", "model", ...}
@@ -27,7 +28,8 @@ from aiohttp import web
 
 from gateway.http.errors import BadRequest, NotFound, Unauthorized
 from gateway.ops.inspection import Inspector, ViewInputs
-from gateway.keys import CHECKPOINTS, LEDGER, PIPELINE, SETTINGS, TURNS
+from gateway.keys import CHECKPOINTS, LEDGER, PIPELINE, RECEIPTS, SETTINGS, TURNS
+from gateway.ops.receipts import receipt_response
 
 INSPECTOR: web.AppKey[Inspector] = web.AppKey("inspector", Inspector)
 UI_PAGE = Path(__file__).parent / "static" / "inspector.html"
@@ -51,6 +53,7 @@ def setup_admin(app: web.Application) -> None:
     app.router.add_get("/admin/sessions/{tenant}/{digest}/view", session_view)
     app.router.add_post("/admin/sessions/{tenant}/{digest}/view", session_view)
     app.router.add_delete("/admin/sessions/{tenant}/{digest}", session_delete)
+    app.router.add_get("/admin/receipts/{receipt_id}", admin_receipt)
 
 
 async def _off(request: web.Request) -> web.Response:
@@ -169,3 +172,10 @@ async def session_delete(request: web.Request) -> web.Response:
     deleted = await delete_session(record.key, ledger=request.app[LEDGER], checkpoints=request.app[CHECKPOINTS], index=index)
     request.app[TURNS].delete_session(record.key)
     return _json({"id": record.key, "object": "session.deleted", "deleted": True, **deleted})
+
+
+async def admin_receipt(request: web.Request) -> web.Response:
+    """One request's receipt, whichever tenant's (the operator's token)."""
+    _authorize(request)
+    receipt_id = request.match_info["receipt_id"]
+    return receipt_response(request.app[RECEIPTS].receipt(receipt_id), receipt_id)

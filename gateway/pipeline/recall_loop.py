@@ -164,6 +164,8 @@ class RecallLoop:
         if usage:
             billed = self.metrics.costs.call(turn.chat.model, turn.model_label,
                                              "recall" if turn.recall_rounds > 0 else "client", usage)
+            if turn.billed is None:
+                turn.first_prompt_tokens = billed.prompt
             turn.billed = billed if turn.billed is None else turn.billed + billed
             turn.answer_output = billed.output
         if usage and turn.recall_rounds > 0:
