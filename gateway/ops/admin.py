@@ -1,6 +1,7 @@
 """Admin API and inspector UI behind server.admin_token (docs/architecture.md, "Inspection").
 
     GET  /admin/ui                                 the inspector page (no token: it asks for one)
+    GET  /admin/static/{file}                      the page's charting library (uPlot 1.6.32, MIT, vendored)
     GET  /admin/sessions?tenant=&limit=            sessions, newest first
     GET  /admin/receipts/{id}                      one request's receipt (gateway/ops/receipts.py), any tenant's
     GET  /admin/sessions/{tenant}/{hash}           branches, events, checkpoints, per-request tokens
@@ -33,10 +34,15 @@ from gateway.ops.receipts import receipt_response
 
 INSPECTOR: web.AppKey[Inspector] = web.AppKey("inspector", Inspector)
 UI_PAGE = Path(__file__).parent / "static" / "inspector.html"
+# The session chart's library, served from the package (the gateway may run offline): uPlot
+# 1.6.32 (MIT; its licence beside it), the npm package's built files unchanged.
+STATIC = {name: (Path(__file__).parent / "static" / name, kind) for name, kind in (
+    ("uPlot.iife.min.js", "text/javascript"), ("uPlot.min.css", "text/css"), ("uPlot.LICENSE", "text/plain"))}
 MAX_LIST = 1000
-# The page is self-contained: inline script and style, API calls to this origin only. Session
-# content is rendered as text, and this policy is the second line against injected markup.
-UI_POLICY = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+# The page: inline script and style plus the vendored chart library from this origin, API calls
+# to this origin only. Session content is rendered as text, and this policy is the second line
+# against injected markup.
+UI_POLICY = ("default-src 'none'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
              "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
 
@@ -48,6 +54,7 @@ def setup_admin(app: web.Application) -> None:
         return
     app.cleanup_ctx.append(_inspector)
     app.router.add_get("/admin/ui", ui_page)
+    app.router.add_get("/admin/static/{name}", static_file)
     app.router.add_get("/admin/sessions", list_sessions)
     app.router.add_get("/admin/sessions/{tenant}/{digest}", session_detail)
     app.router.add_get("/admin/sessions/{tenant}/{digest}/view", session_view)
@@ -137,6 +144,16 @@ async def ui_page(request: web.Request) -> web.StreamResponse:
         "Content-Type": "text/html; charset=utf-8", "Content-Security-Policy": UI_POLICY,
         "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-store",
     })
+
+
+async def static_file(request: web.Request) -> web.StreamResponse:
+    """The page's vendored library (code, no session data: served without the token, like the page)."""
+    found = STATIC.get(request.match_info["name"])
+    if found is None:
+        raise NotFound(f"Unknown path '{request.path}'.")
+    path, kind = found
+    return web.FileResponse(path, headers={"Content-Type": f"{kind}; charset=utf-8", "X-Content-Type-Options": "nosniff",
+                                           "Cache-Control": "public, max-age=86400"})
 
 
 async def list_sessions(request: web.Request) -> web.Response:
