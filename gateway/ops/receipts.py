@@ -80,6 +80,7 @@ def prompt_items(turn: Any, counter, views) -> tuple[list[dict], int]:
             item["kind"] = "other"
         item["tokens"] = counter.count_message(message, key if item.get("kind") == "verbatim" else None)
         items.append(item)
+    items = _runs(items, {eid: i for i, eid in enumerate(chat.ids or ())})
     items.append({"kind": "reply_priming", "tokens": REPLY_PRIMING})
     tool_tokens = views.tool_tokens(chat, tools)
     if tool_tokens:
@@ -170,9 +171,30 @@ def _reason(turn: Any) -> str:
     return "the view plan (compaction events, checkpoints) applies"
 
 
+def _runs(items: list[dict], positions: dict[str, int]) -> list[dict]:
+    """Verbatim events that follow each other in the view and on the path as one item
+    ``{from, to, messages, tokens}``: a run of the path is named by its ends, so a receipt stays
+    small however long the session."""
+    out: list[dict] = []
+    for item in items:
+        if item.get("kind") != "verbatim":
+            out.append(item)
+            continue
+        last = out[-1] if out else None
+        at = positions.get(item["event_id"])
+        if (last is not None and last["kind"] == "verbatim" and at is not None
+                and positions.get(last["to"], -2) + 1 == at):
+            last.update(to=item["event_id"], messages=last["messages"] + 1, tokens=last["tokens"] + item["tokens"])
+        else:
+            out.append({"kind": "verbatim", "from": item["event_id"], "to": item["event_id"], "messages": 1,
+                        "tokens": item["tokens"]})
+    return out
+
+
 def _verbatim(items: list[dict]) -> dict:
-    ids = [i["event_id"] for i in items if i["kind"] == "verbatim"]
-    return {"events": len(ids), "tokens": sum(i["tokens"] for i in items if i["kind"] == "verbatim"), "event_ids": ids}
+    runs = [i for i in items if i["kind"] == "verbatim"]
+    return {"events": sum(r["messages"] for r in runs), "tokens": sum(r["tokens"] for r in runs),
+            "runs": [{"from": r["from"], "to": r["to"], "messages": r["messages"]} for r in runs]}
 
 
 def _summarised(notes, counter, chat, view) -> dict | None:

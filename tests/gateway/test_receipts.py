@@ -152,7 +152,8 @@ async def test_receipt_items_add_up_to_the_upstream_prompt(start_gateway, upstre
     assert not last["forwarded_as_sent"] and last["summarised"]["checkpoint"] and last["summarised"]["events"] > 10
     assert last["summarised"]["boundary"].startswith("ev_") and last["summarised"]["tokens"] > 10_000
     assert {"summary", "verbatim", "instructions", "tools", "reply_priming"} <= {i["kind"] for i in last["prompt"]["items"]}
-    assert last["verbatim"]["events"] == len(last["verbatim"]["event_ids"]) > 0
+    runs = last["verbatim"]["runs"]
+    assert last["verbatim"]["events"] == sum(r["messages"] for r in runs) > 0 and all(r["from"].startswith("ev_") for r in runs)
     assert last["recall"]["tools"] and len(last["recall"]["tools"]) == 2
     assert last["profile"] == "economy" and last["cost_model"] is False
     events = [r["events"] for r in summarised]
@@ -222,7 +223,7 @@ async def test_bypass_header_sends_the_clients_bytes(start_gateway, upstream, fm
     # answer back, continues the same branch (no new head).
     ledger = gw.app[LEDGER]
     record = next(r for r in ledger.sessions() if r.session_id == session)
-    last = receipt["verbatim"]["event_ids"][-1]
+    last = receipt["verbatim"]["runs"][-1]["to"]
     (answer_id,) = ledger.children(record.key, last)
     heads = len(ledger.heads(record.key))
     await settle(gw)
