@@ -45,42 +45,18 @@ def new_receipt_id() -> str:
 def prompt_items(turn: Any, counter, views) -> tuple[list[dict], int]:
     """The first upstream call's prompt, item by item, and its total (the items' sum)."""
     chat, view = turn.chat, turn.view
-    notes = view.notes
-    if view.messages is None:  # forwarded as the client sent it
-        messages = [*chat.instructions, *chat.history]
-        keys: list[str | None] = [None] * len(chat.instructions) + list(chat.ids or [None] * len(chat.history))
+    if view.messages is None:  # forwarded as the client sent it: the instructions, then the path
+        items = [{"kind": "instructions", "role": m.get("role"), "tokens": counter.count_message(m)} for m in chat.instructions]
+        if chat.history and chat.ids:
+            items.append({"kind": "verbatim", "from": chat.ids[0], "to": chat.ids[-1], "messages": len(chat.ids),
+                          "tokens": counter.count_messages(chat.history, list(chat.ids)) - REPLY_PRIMING})
+        elif chat.history:
+            items.append({"kind": "other", "tokens": counter.count_messages(chat.history) - REPLY_PRIMING})
         tools = chat.body.get("tools")
     else:
-        messages, keys = list(view.messages), [None] * len(view.messages)
+        items = _view_items(turn, counter)
         tools = chat.body.get("tools") if turn.recall_refused or view.tools is None else view.tools
-    instructions = {id(m) for m in chat.instructions}
     notes_names = view.recall_names
-    note = recall_note(*notes_names) if notes_names else None
-    items = []
-    for message, key in zip(messages, keys):
-        origin = notes.origins.get(id(message)) if notes is not None else None
-        if origin is None and view.messages is None and key is not None:
-            origin = ("verbatim", key, None)
-        item: dict[str, Any] = {"role": message.get("role")}
-        if origin is not None:
-            kind, eid, detail = origin
-            item.update(kind=kind, event_id=eid, **(detail or {}))
-        elif isinstance(message, SummaryBlock):
-            content = message.get("content")
-            item["kind"] = "recall_note" if content == note else "summary"
-            if item["kind"] == "summary" and view.checkpoint:
-                item["checkpoint"] = view.checkpoint
-        elif id(message) in instructions:
-            item["kind"] = "instructions"
-        elif note is not None and message.get("content") == note:
-            item["kind"] = "recall_note"
-        elif _recalled(message):
-            item.update(kind="recalled_history", event_ids=_recalled_ids(message))
-        else:
-            item["kind"] = "other"
-        item["tokens"] = counter.count_message(message, key if item.get("kind") == "verbatim" else None)
-        items.append(item)
-    items = _runs(items, {eid: i for i, eid in enumerate(chat.ids or ())})
     items.append({"kind": "reply_priming", "tokens": REPLY_PRIMING})
     tool_tokens = views.tool_tokens(chat, tools)
     if tool_tokens:
@@ -95,6 +71,52 @@ def prompt_items(turn: Any, counter, views) -> tuple[list[dict], int]:
         items.append({"kind": "wire_framing", "tokens": wire - total})
         total = wire
     return items, total
+
+
+def _view_items(turn: Any, counter) -> list[dict]:
+    """The view's messages by origin; verbatim events that follow each other on the path are one
+    item ``{from, to, messages, tokens}`` (a run of the path is named by its ends, so a receipt
+    stays small however long the session)."""
+    chat, view = turn.chat, turn.view
+    notes = view.notes
+    origins = notes.origins if notes is not None else {}
+    positions = {eid: i for i, eid in enumerate(chat.ids or ())}
+    instructions = {id(m) for m in chat.instructions}
+    note = recall_note(*view.recall_names) if view.recall_names else None
+    items: list[dict] = []
+    run: dict | None = None  # the verbatim run being extended
+    for message in view.messages:
+        origin = origins.get(id(message))
+        if origin is not None and origin[0] == "verbatim":
+            eid = origin[1]
+            tokens = counter.count_message(message, eid)
+            at = positions.get(eid)
+            if run is not None and at is not None and positions.get(run["to"], -2) + 1 == at:
+                run["to"], run["messages"], run["tokens"] = eid, run["messages"] + 1, run["tokens"] + tokens
+            else:
+                run = {"kind": "verbatim", "from": eid, "to": eid, "messages": 1, "tokens": tokens}
+                items.append(run)
+            continue
+        run = None
+        item: dict[str, Any] = {"role": message.get("role")}
+        if origin is not None:
+            kind, eid, detail = origin
+            item.update(kind=kind, event_id=eid, **(detail or {}))
+        elif isinstance(message, SummaryBlock):
+            item["kind"] = "recall_note" if message.get("content") == note else "summary"
+            if item["kind"] == "summary" and view.checkpoint:
+                item["checkpoint"] = view.checkpoint
+        elif id(message) in instructions:
+            item["kind"] = "instructions"
+        elif note is not None and message.get("content") == note:
+            item["kind"] = "recall_note"
+        elif _recalled(message):
+            item.update(kind="recalled_history", event_ids=_recalled_ids(message))
+        else:
+            item["kind"] = "other"
+        item["tokens"] = counter.count_message(message)
+        items.append(item)
+    return items
 
 
 def build_receipt(turn: Any, receipt_id: str, counter, views, calibration, price) -> dict:
@@ -169,26 +191,6 @@ def _reason(turn: Any) -> str:
     if view.client_tokens > view.budget:
         return "over the window: the view was planned to fit"
     return "the view plan (compaction events, checkpoints) applies"
-
-
-def _runs(items: list[dict], positions: dict[str, int]) -> list[dict]:
-    """Verbatim events that follow each other in the view and on the path as one item
-    ``{from, to, messages, tokens}``: a run of the path is named by its ends, so a receipt stays
-    small however long the session."""
-    out: list[dict] = []
-    for item in items:
-        if item.get("kind") != "verbatim":
-            out.append(item)
-            continue
-        last = out[-1] if out else None
-        at = positions.get(item["event_id"])
-        if (last is not None and last["kind"] == "verbatim" and at is not None
-                and positions.get(last["to"], -2) + 1 == at):
-            last.update(to=item["event_id"], messages=last["messages"] + 1, tokens=last["tokens"] + item["tokens"])
-        else:
-            out.append({"kind": "verbatim", "from": item["event_id"], "to": item["event_id"], "messages": 1,
-                        "tokens": item["tokens"]})
-    return out
 
 
 def _verbatim(items: list[dict]) -> dict:
