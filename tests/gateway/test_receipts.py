@@ -259,3 +259,49 @@ async def test_a_bad_bypass_value_is_a_400_in_the_formats_envelope(start_gateway
     assert status == 400 and error["type"] == "error" and "x-palimpsest-bypass" in error["error"]["message"]
     status, _, error = await post(gw, "chat", orjson.dumps(body("chat", 1)), headers("x", **{"x-palimpsest-bypass": "maybe"}))
     assert status == 400 and error["error"]["param"] == "x-palimpsest-bypass"
+
+
+def asking(fmt: str, sent: dict, question: str) -> dict:
+    """`sent` with a new user question at its end (the loop's task answered)."""
+    if fmt == "chat":
+        return {**sent, "messages": [*sent["messages"], {"role": "assistant", "content": "Done."},
+                                     {"role": "user", "content": question}]}
+    if fmt == "responses":
+        done = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Done."}]}
+        return {**sent, "input": [*sent["input"], done,
+                                  {"type": "message", "role": "user", "content": [{"type": "input_text", "text": question}]}]}
+    return {**sent, "messages": [*sent["messages"], {"role": "assistant", "content": [{"type": "text", "text": "Done."}]},
+                                 {"role": "user", "content": [{"type": "text", "text": question}]}]}
+
+
+@pytest.mark.parametrize("fmt", ["chat", "responses", "messages"])
+async def test_streams_and_recall_rounds_get_receipts_that_add_up(start_gateway, upstream, fmt):
+    """A streamed request's headers name its receipt too; a question about hidden history runs
+    the recall loop (proactive passages and the model's own recall calls), and the receipt's
+    items add up to the first upstream call of that turn."""
+    gw = await start(start_gateway, recall={"auto_timeout_s": 60})  # the first search loads the embedder
+    session = f"p-{fmt}-stream"
+    counter = TokenCounter()
+    for steps in range(1, 12):
+        raw = orjson.dumps({**body(fmt, steps), "stream": True})
+        async with aiohttp.ClientSession() as s:
+            async with s.post(gw.root + PATHS[fmt], data=raw, headers=headers(session)) as r:
+                assert r.status == 200 and "text/event-stream" in r.headers["Content-Type"]
+                rid = r.headers["x-palimpsest-receipt"]
+                await r.read()
+        status, receipt = await get(gw, f"/v1/palimpsest/receipts/{rid}", headers(""))
+        assert status == 200 and receipt["status"] == 200
+        assert receipt["prompt"]["tokens"] == counted(fmt, client_calls(upstream, fmt)[-1]["body"], counter)
+        await settle(gw)
+    assert receipt["placeholders"]  # the stream's view was compacted
+    before = len(client_calls(upstream, fmt))
+    question = asking(fmt, body(fmt, 11), "RECALL: where is the artifact for step 2?")
+    status, hdrs, answer = await post(gw, fmt, orjson.dumps(question), headers(session))
+    assert status == 200, answer
+    status, receipt = await get(gw, f"/v1/palimpsest/receipts/{hdrs['x-palimpsest-receipt']}", headers(""))
+    first = client_calls(upstream, fmt)[before]
+    assert receipt["recall"]["calls"] >= 1 and receipt["recall"]["rounds"] >= 1
+    assert receipt["cache"]["calls"] == 1 + receipt["recall"]["rounds"] == len(client_calls(upstream, fmt)) - before
+    assert receipt["prompt"]["tokens"] == sum(i["tokens"] for i in receipt["prompt"]["items"]) == counted(fmt, first["body"], counter)
+    assert receipt["recall"]["proactive"] and receipt["recall"]["proactive_tokens"] > 0
+    assert b"<recalled_history>" in first["body"]
