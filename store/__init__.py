@@ -88,6 +88,19 @@ def open_stores(store_settings) -> tuple[Any, Any]:
             DiskCheckpoints(store_settings.path, synchronous=store_settings.sync))
 
 
+def open_response_ids(store_settings, ledger) -> Any:
+    """The Responses id store: in the ledger's PostgreSQL database with ``store.url`` (shared by
+    replicas, on the ledger's pool), else the embedded SQLite file under ``store.path``."""
+    pool = getattr(ledger, "pool", None)
+    if getattr(store_settings, "url", None) and pool is not None:
+        from store.postgres_responses import PostgresResponseIds
+
+        return PostgresResponseIds(pool=pool)
+    from store.response_ids import ResponseIds
+
+    return ResponseIds(store_settings.path)
+
+
 def close_stores(ledger, checkpoints) -> None:
     checkpoints.close()
     ledger.close()

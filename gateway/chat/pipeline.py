@@ -33,6 +33,7 @@ from gateway.http.errors import GatewayError, UpstreamIncomplete
 from gateway.http.identity import Identity
 from gateway.http.sse import SSEDecoder, StreamAssembler, end_with_error
 from gateway.http.upstream import Upstream, response_headers
+from gateway.http.gate import tenant_of
 from gateway.keys import LOG_FIELDS, MODEL, PIPELINE, REQUEST_ID, SESSION, TENANT, UPSTREAM_KEY
 from store import call as store_call
 
@@ -52,7 +53,7 @@ class ChatPipeline:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         timing = Timing()
-        tenant = self.identity.tenant(request)  # 401 here for a missing/unknown client key
+        tenant = tenant_of(request)  # resolved by the route's gate (a 401 for a missing/unknown client key)
         chat, ids = await offload.parse_and_hash(await request.read(), parse_and_hash)
         model_label = self.metrics.model_label(chat.model)
         request[MODEL] = model_label
