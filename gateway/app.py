@@ -213,7 +213,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     app[MESSAGES] = messages
     app[INDEXER] = indexer
     flusher = asyncio.create_task(_flush_answers(ledger, turns), name="ledger-flush")
-    retention = (asyncio.create_task(_retention(settings.store.retention_days, ledger, checkpoints, indexer, turns), name="retention")
+    retention = (asyncio.create_task(_retention(settings.store.retention_days, ledger, checkpoints, indexer, turns, response_ids), name="retention")
                  if settings.store.retention_days else None)
     try:
         yield
@@ -261,12 +261,12 @@ def index_storage_options(recall) -> dict[str, str] | None:
     return options
 
 
-async def _retention(days: float, ledger, checkpoints, indexer, turns, every_s: float = 3600.0) -> None:
+async def _retention(days: float, ledger, checkpoints, indexer, turns, responses, every_s: float = 3600.0) -> None:
     """The retention TTL: hourly, delete sessions idle for more than `days` (store.__init__)."""
     while True:
         try:
             index = await indexer.opened()
-            await sweep_expired(days, ledger=ledger, checkpoints=checkpoints, index=index, turns=turns)
+            await sweep_expired(days, ledger=ledger, checkpoints=checkpoints, index=index, turns=turns, responses=responses)
         except Exception:
             logging.getLogger("palimpsest.store").exception("retention sweep failed")
         await asyncio.sleep(every_s)

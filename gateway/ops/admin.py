@@ -27,7 +27,7 @@ from aiohttp import web
 from gateway.http.errors import BadRequest, NotFound
 from gateway.http.gate import open_route, operator_route
 from gateway.ops.inspection import Inspector, ViewInputs
-from gateway.keys import CHECKPOINTS, LEDGER, PIPELINE, SETTINGS, TURNS
+from gateway.keys import CHECKPOINTS, LEDGER, PIPELINE, RESPONSES, SETTINGS, TURNS
 
 INSPECTOR: web.AppKey[Inspector] = web.AppKey("inspector", Inspector)
 UI_PAGE = Path(__file__).parent / "static" / "inspector.html"
@@ -163,6 +163,7 @@ async def session_delete(request: web.Request) -> web.Response:
     inspector = _authorize(request)
     record = _record(request, inspector)
     index = await request.app[INDEXER].opened()
-    deleted = await delete_session(record.key, ledger=request.app[LEDGER], checkpoints=request.app[CHECKPOINTS], index=index)
+    deleted = await delete_session(record.key, ledger=request.app[LEDGER], checkpoints=request.app[CHECKPOINTS], index=index,
+                                   responses=request.app[RESPONSES].response_ids)
     request.app[TURNS].delete_session(record.key)
     return _json({"id": record.key, "object": "session.deleted", "deleted": True, **deleted})

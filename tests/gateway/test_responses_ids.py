@@ -7,7 +7,7 @@ import aiohttp
 import openai
 import pytest
 
-from gateway.keys import LEDGER
+from gateway.keys import LEDGER, RESPONSES
 from simulator.puppet import RECEIVED
 from tests.gateway.test_responses import gateway_config, responses_bodies
 from tests.support.agent import RESPONSES_TOOLS
@@ -177,3 +177,16 @@ async def test_response_ids_recorded_before_they_were_kept_per_tenant_still_reso
     reopened = ResponseIds(tmp_path)  # opening again migrates nothing twice
     assert reopened.find("alice", "resp_1").event_id == "ev_1"
     reopened.close()
+
+
+async def test_deleting_a_session_forgets_the_response_ids_of_its_answers(start_gateway, upstream):
+    gw = await start_gateway(**gateway_config("responses"), tenants=TENANTS, server={"client_keys": "required", "admin_token": "adm"})
+    alice = client(gw, "pk-alice", session="doomed")
+    first = await alice.responses.create(model="fake-32k", input="alice's plan: 7731", store=False)
+    key = next(s.key for s in gw.app[LEDGER].sessions() if s.session_id == "doomed")
+    async with aiohttp.ClientSession() as http:
+        async with http.delete(f"{gw.root}/admin/sessions/{key}", headers={"Authorization": "Bearer adm"}) as r:
+            assert r.status == 200
+    assert not gw.app[RESPONSES].response_ids.taken(first.id)
+    with pytest.raises(openai.BadRequestError):  # passed on: the provider (store false) has nothing either
+        await alice.responses.create(model="fake-32k", previous_response_id=first.id, input="continue", store=False)
