@@ -244,6 +244,9 @@ class Inspector:
         if inputs.max_tokens:
             body["max_tokens"] = inputs.max_tokens
         chat = parse_chat_request(orjson.dumps(body))
+        # The path is history as the ledger holds it, each event with its id, whatever its role
+        # (the parser would take a system-role event for an instruction).
+        chat.instructions, chat.history = inputs.instructions(), [e.message for e in path]
         chat.ids = [e.id for e in path]
         windows = {b.model: b.window for b in recorded if b.window}  # the newest per model
         view = await self._builder(cutoff, windows).build(chat, SessionRef(record.tenant, record.session_id))
