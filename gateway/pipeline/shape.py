@@ -34,11 +34,18 @@ Path = tuple[str | int, ...]
 
 
 class Invalid(Exception):
+    """The body does not fit: `path` leads to the bad field (built while the check unwinds, so a
+    body that fits costs no paths)."""
+
     def __init__(self, path: Path, expected: str, *, missing: bool = False) -> None:
-        super().__init__(f"{path}: {expected}")
+        super().__init__(expected)
         self.path = path
         self.expected = expected
         self.missing = missing
+
+    def under(self, step: str | int) -> "Invalid":
+        self.path = (step, *self.path)
+        return self
 
 
 class Shape:
@@ -48,30 +55,32 @@ class Shape:
         """Whether `value` has this shape's JSON type (its inside may still be wrong)."""
         return True
 
-    def check(self, value: Any, path: Path = ()) -> None:
+    def check(self, value: Any) -> None:
         if not self.fits(value):
-            raise Invalid(path, self.expected)
+            raise Invalid((), self.expected)
 
 
 @dataclass(frozen=True)
 class Kind(Shape):
     expected: str
-    test: Callable[[Any], bool]
+    types: tuple[type, ...]
+    test: Callable[[Any], bool] | None = None  # beyond the JSON type (non-empty, non-negative)
 
     def fits(self, value: Any) -> bool:
-        return self.test(value)
+        return isinstance(value, self.types) and (self.test is None or self.test(value))
 
 
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+STRING = Kind("a string", (str,))
+TEXT = Kind("a non-empty string", (str,), bool)
+COUNT = Kind("a non-negative integer", (int,), lambda v: not isinstance(v, bool) and v >= 0)
+BOOL = Kind("a boolean", (bool,))
+OBJECT = Kind("an object", (dict,))
+ANY = Kind("any value", (object,))
 
 
-STRING = Kind("a string", lambda v: isinstance(v, str))
-TEXT = Kind("a non-empty string", lambda v: isinstance(v, str) and bool(v))
-COUNT = Kind("a non-negative integer", _count)
-BOOL = Kind("a boolean", lambda v: isinstance(v, bool))
-OBJECT = Kind("an object", lambda v: isinstance(v, dict))
-ANY = Kind("any value", lambda v: True)
+def _plain(shape: Shape) -> tuple[type, ...] | None:
+    """The JSON types that are the whole check of `shape`, None when it looks deeper."""
+    return shape.types if isinstance(shape, Kind) and shape.test is None else None
 
 
 @dataclass(frozen=True)
@@ -91,15 +100,27 @@ class ListOf(Shape):
     item: Shape
     nonempty: bool = False
     expected: str = "an array"
+    plain: tuple[type, ...] | None = field(init=False, repr=False, compare=False)  # the item's whole check
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "plain", _plain(self.item))
 
     def fits(self, value: Any) -> bool:
         return isinstance(value, list)
 
-    def check(self, value: Any, path: Path = ()) -> None:
+    def check(self, value: Any) -> None:
         if not isinstance(value, list) or (self.nonempty and not value):
-            raise Invalid(path, f"a non-empty {self.expected.removeprefix('an ')}" if self.nonempty else self.expected)
-        for i, item in enumerate(value):
-            self.item.check(item, (*path, i))
+            raise Invalid((), f"a non-empty {self.expected.removeprefix('an ')}" if self.nonempty else self.expected)
+        item, plain = self.item, self.plain
+        for i, x in enumerate(value):
+            if plain is not None:
+                if not isinstance(x, plain):
+                    raise Invalid((i,), item.expected)
+                continue
+            try:
+                item.check(x)
+            except Invalid as exc:
+                raise exc.under(i) from None
 
 
 @dataclass(frozen=True)
@@ -110,12 +131,12 @@ class Either(Shape):
     def fits(self, value: Any) -> bool:
         return any(o.fits(value) for o in self.options)
 
-    def check(self, value: Any, path: Path = ()) -> None:
+    def check(self, value: Any) -> None:
         for option in self.options:
             if option.fits(value):
-                option.check(value, path)
+                option.check(value)
                 return
-        raise Invalid(path, self.expected)
+        raise Invalid((), self.expected)
 
 
 @dataclass(frozen=True)
@@ -123,20 +144,31 @@ class Obj(Shape):
     fields: Mapping[str, Shape] = field(default_factory=dict)
     required: frozenset[str] = frozenset()
     expected: str = "an object"
+    plan: tuple = field(init=False, repr=False, compare=False)  # (name, shape, plain types or None)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "plan", tuple((n, s, _plain(s)) for n, s in self.fields.items()))
 
     def fits(self, value: Any) -> bool:
         return isinstance(value, dict)
 
-    def check(self, value: Any, path: Path = ()) -> None:
+    def check(self, value: Any) -> None:
         if not isinstance(value, dict):
-            raise Invalid(path, self.expected)
-        for name, shape in self.fields.items():
-            item = value.get(name)
+            raise Invalid((), self.expected)
+        get = value.get
+        for name, shape, plain in self.plan:
+            item = get(name)
             if item is None:
                 if name in self.required:
-                    raise Invalid((*path, name), shape.expected, missing=True)
-                continue
-            shape.check(item, (*path, name))
+                    raise Invalid((name,), shape.expected, missing=True)
+            elif plain is not None:
+                if not isinstance(item, plain):
+                    raise Invalid((name,), shape.expected)
+            else:
+                try:
+                    shape.check(item)
+                except Invalid as exc:
+                    raise exc.under(name) from None
 
 
 def obj(expected: str = "an object", *, required: tuple[str, ...] = (), **fields: Shape) -> Obj:
@@ -161,16 +193,16 @@ class Tagged(Shape):
             return self.cases[kind]
         return next((s for end, s in self.suffixes.items() if kind.endswith(end)), self.other)
 
-    def check(self, value: Any, path: Path = ()) -> None:
+    def check(self, value: Any) -> None:
         if not isinstance(value, dict):
-            raise Invalid(path, self.expected)
+            raise Invalid((), self.expected)
         kind = value.get(self.tag, self.default)
         if not isinstance(kind, str):
-            raise Invalid((*path, self.tag), "a string", missing=kind is None)
+            raise Invalid((self.tag,), "a string", missing=kind is None)
         shape = self.case(kind)
         if shape is None:
-            raise Invalid((*path, self.tag), "one of " + ", ".join(repr(k) for k in self.cases))
-        shape.check(value, path)
+            raise Invalid((self.tag,), "one of " + ", ".join(repr(k) for k in self.cases))
+        shape.check(value)
 
 
 def openai_param(path: Path) -> str:
