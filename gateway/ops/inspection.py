@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from gateway.chat.adapter import parse_chat_request
+from gateway.chat.adapter import chat_request
 from gateway.http.errors import BadRequest, NotFound
 from gateway.pipeline.views import ViewBuilder
 from gateway.ops.readonly import CheckpointsAsOf, NoMetrics, NoSummaries, RecordedWindows, SessionEvents
@@ -241,7 +241,7 @@ class Inspector:
             body["tools"] = inputs.tools
         if inputs.max_tokens:
             body["max_tokens"] = inputs.max_tokens
-        chat = parse_chat_request(orjson.dumps(body))
+        chat = chat_request(body)
         chat.ids = [e.id for e in path]
         windows = {b.model: b.window for b in recorded if b.window}  # the newest per model
         view = await self._builder(cutoff, windows).build(chat, SessionRef(record.tenant, record.session_id))
