@@ -48,6 +48,7 @@ from gateway.pipeline.windows import Windows
 from policies import Calibration, TokenCounter
 from store import call as store_call, close_stores, open_stores, sweep_expired
 from store.interfaces import LedgerStore, TurnLogStore
+from store.private import secure_tree
 from store.turns import TurnLog
 
 
@@ -197,6 +198,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     )
     app[PIPELINE] = pipeline
     response_ids = ResponseIds(settings.store.path)
+    if not settings.store.url:  # the embedded store: 0700/0600, an existing store's modes fixed (store/private.py)
+        secure_tree(settings.store.path)
     pipeline_parts = dict(settings=settings, upstream=upstream, ledger=ledger, identity=app[IDENTITY], metrics=metrics,
                           views=views, recorder=recorder, quota=quota)
     responses = ResponsesPipeline(
