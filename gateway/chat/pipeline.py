@@ -38,7 +38,7 @@ from store import call as store_call
 
 class ChatPipeline:
     def __init__(self, *, settings, upstream: Upstream, ledger, identity: Identity, metrics, views: ViewBuilder,
-                 recall: RecallLoop, recorder: TurnRecorder, quota: StorageQuota | None = None) -> None:
+                 recall: RecallLoop, recorder: TurnRecorder, quota: StorageQuota | None = None, limits=None) -> None:
         self.settings = settings
         self.upstream = upstream
         self.ledger = ledger
@@ -48,12 +48,17 @@ class ChatPipeline:
         self.recall = recall
         self.recorder = recorder
         self.quota = quota
+        self.limits = limits  # per-tenant caps and request rate (gateway/pipeline/limits.py)
         self._drop = frozenset({settings.session.header.lower()})
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         timing = Timing()
         tenant = self.identity.tenant(request)  # 401 here for a missing/unknown client key
+        if self.limits is not None:
+            self.limits.admit(tenant)  # 429 over the tenant's rate, before the body is read
         chat, ids = await offload.parse_and_hash(await request.read(), parse_and_hash)
+        if self.limits is not None:
+            self.limits.check(tenant, chat.body, chat.format)  # 400 over its n / output-token caps
         model_label = self.metrics.model_label(chat.model)
         request[MODEL] = model_label
         # The fingerprint fallback (when enabled) names the session by its first event.

@@ -52,7 +52,7 @@ class WirePipeline:
     credentials: tuple[str, ...] = ("Authorization", "api-key")
 
     def __init__(self, *, settings, upstream: Upstream, ledger, identity: Identity, metrics, views: ViewBuilder,
-                 recorder: TurnRecorder, quota=None, loop=None) -> None:
+                 recorder: TurnRecorder, quota=None, loop=None, limits=None) -> None:
         self.settings = settings
         self.upstream = upstream
         self.ledger = ledger
@@ -62,6 +62,7 @@ class WirePipeline:
         self.recorder = recorder
         self.quota = quota  # per-tenant storage quotas (gateway/pipeline/quota.py)
         self.loop = loop  # the format's RecallLoop, set by the composition root
+        self.limits = limits  # per-tenant caps and request rate (gateway/pipeline/limits.py)
         self._drop = frozenset({settings.session.header.lower()})
 
     # -- the format's own ---------------------------------------------------------------------
@@ -138,7 +139,11 @@ class WirePipeline:
         """(timing, tenant, chat, ids): the first steps of every request."""
         timing = Timing()
         tenant = self.identity.tenant(request)  # 401 here for a missing/unknown client key
+        if self.limits is not None:
+            self.limits.admit(tenant)  # 429 over the tenant's rate, before the body is read
         chat, ids = await self.parsed(await request.read())
+        if self.limits is not None:
+            self.limits.check(tenant, chat.body, chat.format)  # 400 over its n / output-token caps
         request[MODEL] = self.metrics.model_label(chat.model)
         request[TENANT] = tenant
         return timing, tenant, chat, ids
