@@ -237,6 +237,8 @@ class TenantSettings(_Section):
     max_n: int | None = Field(None, ge=1, description="This tenant's limits.max_n.")
     max_output_tokens: int | None = Field(None, ge=1, description="This tenant's limits.max_output_tokens.")
     requests_per_minute: float | None = Field(None, ge=0, description="This tenant's limits.requests_per_minute.")
+    bypass: bool = Field(False, description="Send this tenant's requests upstream untouched (still recorded), "
+                         "as x-palimpsest-bypass: 1 does for one request.")
 
 
 class LogSettings(_Section):
@@ -403,6 +405,12 @@ def example_toml() -> str:
         "# max_n = 4",
         "# max_output_tokens = 32000",
         "# requests_per_minute = 120",
+        "# A tenant whose requests all go upstream untouched, still recorded (default false; the header",
+        "# x-palimpsest-bypass: 1 asks the same for one request): a control group, or a client that",
+        "# must see the provider exactly.",
+        "# [tenants.control]",
+        '# key = "pk-control-..."',
+        "# bypass = true",
         "",
         "# Policy overrides, applied in order to requests whose model and/or session id match the",
         "# globs (later wins). Any [policy] key may be set.",
