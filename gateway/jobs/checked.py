@@ -13,7 +13,8 @@ import logging
 from policies.extraction import values_in
 from policies.messages import call_arguments, content_text, tool_calls
 from policies.pinned import fold_rules, partition_rules, rule_ops
-from policies.summary_check import check_summary
+from gateway.pipeline.offload import pure as off_loop  # a big covered span is read in a worker thread
+from policies.summary_check import SummaryCheck, check_summary
 from policies.tokens import TokenCounter
 
 log = logging.getLogger("palimpsest.summary")
@@ -50,14 +51,22 @@ def overflow_rules(covered: list[dict], policy, budget: int, counter: TokenCount
     return [r.text for r in partition_rules(rules, int(policy.pinned_ratio * budget), counter.count_text).overflow]
 
 
-def check(*, key: str, covered: list[dict], summary: str, state: dict, covered_state: dict, previous_summary: str | None,
-          policy, budget: int, counter: TokenCounter, metrics) -> tuple[str, dict] | None:
+def judge(covered: list[dict], *, summary: str, state: dict, covered_state: dict, previous_summary: str | None,
+          policy, budget: int, counter: TokenCounter) -> SummaryCheck:
+    """The verdict on a checkpoint about to be written (pure: run off the event loop when the
+    covered span is big)."""
     user_texts = [content_text(m.get("content")) for m in covered if m.get("role") == "user"]
     other_texts = [" ".join([content_text(m.get("content")), *(call_arguments(c) for c in tool_calls(m))])
                    for m in covered if m.get("role") != "user"]
-    verdict = check_summary(summary, state, covered_state=covered_state,
-                            overflow_rules=overflow_rules(covered, policy, budget, counter),
-                            user_texts=user_texts, other_texts=other_texts, previous_summary=previous_summary)
+    return check_summary(summary, state, covered_state=covered_state,
+                         overflow_rules=overflow_rules(covered, policy, budget, counter),
+                         user_texts=user_texts, other_texts=other_texts, previous_summary=previous_summary)
+
+
+async def check(*, key: str, covered: list[dict], summary: str, state: dict, covered_state: dict,
+                previous_summary: str | None, policy, budget: int, counter: TokenCounter, metrics) -> tuple[str, dict] | None:
+    verdict = await off_loop(judge, covered, summary=summary, state=state, covered_state=covered_state,
+                             previous_summary=previous_summary, policy=policy, budget=budget, counter=counter)
     metrics.summary_checks.labels(verdict.outcome).inc()
     for problem in verdict.problems:
         metrics.summary_check_problems.labels(problem).inc()

@@ -379,7 +379,7 @@ class Summarizer:
         if job.deterministic or job.fell_back:
             summary = render_state_summary(previous.summary if previous else None, extract_notes(delta), delta_state, policy)
             model = DETERMINISTIC_MODEL
-        checked = checked_checkpoint(key=job.ref.key, covered=job.history[:end], summary=summary or "", state=state,
+        checked = await checked_checkpoint(key=job.ref.key, covered=job.history[:end], summary=summary or "", state=state,
                                      covered_state=covered_values(previous, delta_state),
                                      previous_summary=previous.summary if previous else None,
                                      policy=policy, budget=job.budget, counter=self.counter, metrics=self.metrics)
