@@ -1,7 +1,7 @@
 """The gateway's fences and the one function that keeps data from closing (or opening) one.
 
 The gateway frames text it did not write as data between tags of its own: the summary block
-(``<session_summary>``), a summary request's transcript, previous summary and values to keep,
+(``<session_summary>``), the pinned standing instructions (``<standing_instructions>``), a summary request's transcript, previous summary and values to keep,
 the proactive-recall block. Text inside one of them that spells a fence tag would end the
 block early and let the rest read as fresh instructions, so every fence's data goes through
 `defuse`: the ``<`` of anything that reads as one of these tags, in any case, with any spacing
@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import re
 
-FENCES = ("session_summary", "transcript", "previous_summary", "exact_values_to_keep", "recalled_history")
+FENCES = ("session_summary", "standing_instructions", "transcript", "previous_summary", "exact_values_to_keep",
+          "recalled_history")
 # Space a model might read through: whitespace, zero-width characters, the BOM, and the escapes
 # of white space and backslashes (``\t``, ``\\``) as JSON writes them inside the recall block.
 _GAP = r"(?:[\s\u200b-\u200d\u2060\ufeff]|\\[tnrfb\\])*"

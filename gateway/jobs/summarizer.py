@@ -43,6 +43,7 @@ from gateway.jobs.backoff import Breaker, SessionBackoff
 from gateway.jobs.pace import summary_due
 from gateway.settings import SummarySettings
 from gateway.jobs.budget import TenantBudget
+from gateway.jobs.checked import check as checked_checkpoint, covered_values
 from gateway.jobs.summary_model import (Auth, BudgetExceeded, SummaryFailed, SummaryJob, SummaryModel, SummaryRejected,
                                         fork_applies, fork_parent)
 from policies import Policy, TokenCounter, choose_boundary, chunk_messages, extract_exact_values, merge_state
@@ -387,6 +388,13 @@ class Summarizer:
         if job.deterministic or job.fell_back:
             summary = await off_loop(state_summary, delta, previous.summary if previous else None, delta_state, policy)
             model = DETERMINISTIC_MODEL
+        checked = await checked_checkpoint(key=job.ref.key, covered=job.history[:end], summary=summary or "", state=state,
+                                           covered_state=covered_values(previous, delta_state),
+                                           previous_summary=previous.summary if previous else None,
+                                           policy=policy, budget=job.budget, counter=self.counter, metrics=self.metrics)
+        if checked is None:
+            return None  # refused: the old checkpoint stays
+        summary, state = checked
         covered_tokens = (previous.covered_tokens if previous else 0) + await off_loop(self._tokens, delta, delta_ids)
         summary_tokens = self.counter.count_text(summary or "")
         cp = await store_call(
