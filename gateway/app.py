@@ -185,7 +185,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                                passage_tokens=settings.recall.passage_tokens,
                                auto_tokens=settings.recall.auto_tokens,
                                auto_placement=settings.recall.auto_placement,
-                               auto_timeout_s=settings.recall.auto_timeout_s)
+                               auto_timeout_s=settings.recall.auto_timeout_s,
+                               expand_queries=settings.recall.expand_queries)
     loop_parts = dict(upstream=upstream, session_header=settings.session.header, views=views, tools=recall_tools,
                       recorder=recorder, max_rounds=settings.recall.max_rounds, metrics=metrics)
     recall = RecallLoop(**loop_parts)
@@ -237,6 +238,10 @@ def open_index(settings: Settings, upstream: Upstream | None):
     if recall.embeddings_url and upstream is not None:
         embedder = RemoteEmbedder(upstream, recall.embeddings_url, recall.embeddings_model,
                                   recall.embeddings_api_key.get_secret_value(), recall.embeddings_dim)
+    elif recall.embedder == "minilm":
+        from store.minilm import MiniLMEmbedder
+
+        embedder = MiniLMEmbedder()
     else:
         embedder = default_embedder()
     return SearchIndex(recall.index_uri or str(Path(settings.store.path) / "index"), embedder,
