@@ -185,6 +185,12 @@ class Policy(BaseModel):
         0.5, description="Share of extracted ids/paths/versions/emails a summary must keep verbatim to be accepted."
     )
     recall: bool = Field(True, description="Inject session_search/session_load when anything is hidden from the model.")
+    hidden_index_ratio: float = Field(
+        0.03, ge=0, le=0.2,
+        description="Share of the budget for the hidden-context index, a list of the topics, entities and exact values "
+        "a checkpoint hides, with their event ids, after the summary block (so the model knows what to search for); "
+        "it changes only with the checkpoint, so it stays in the cached prefix. 0 = off.",
+    )
     truncate_last_message: bool = Field(
         False,
         description="Cut the newest user message head/tail when nothing else makes the request fit (a response header "

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -38,15 +39,19 @@ from policies import (
     project_view,
     recall_note,
     recall_tool_names,
+    render_hidden_index,
     render_summary_block,
     resolve_policy,
     round_sizes,
     tailor,
 )
+from store.query_expansion import summary_entities
 from store.records import Checkpoint, SessionRef, newest_on_path
 from store import call as store_call
 
 log = logging.getLogger("palimpsest.views")
+
+INDEX_MEMO = 256  # hidden-context indexes kept (one per checkpoint in use)
 
 
 @dataclass(slots=True)
@@ -67,6 +72,8 @@ class View:
     truncated_tool_results: int = 0  # tool results cut head/tail in the outgoing copy
     truncated_last_message: bool = False  # the newest user message was cut (policy opted in)
     dropped: int = 0  # messages tailoring left out (a summary fork would not see them)
+    summary: str | None = None  # the checkpoint's summary, and its entities: session_search expands with them
+    entities: tuple[str, ...] = ()
 
     def body(self, chat: ChatRequest) -> bytes:
         if self.messages is None:
@@ -106,6 +113,8 @@ class ViewBuilder:
         self.metrics = metrics
         self.summarizer = summarizer
         self._recall_costs: dict[tuple[str, str], int] = {}
+        # By checkpoint: its hidden-context index and that index's tokens, and its entities.
+        self._indexes: OrderedDict[tuple, tuple] = OrderedDict()
 
     def policy_for(self, model: str, ref: SessionRef) -> Policy:
         if not self.settings.policies:
@@ -151,6 +160,9 @@ class ViewBuilder:
         view.upstream_tokens = projection.tokens
         view.hidden = projection.hidden
         view.checkpoint = projection.checkpoint.id if projection.checkpoint else None
+        if projection.checkpoint is not None and view.recall_names:
+            view.summary = projection.checkpoint.summary
+            view.entities = self._entities(projection.checkpoint)
         view.raw_estimate = projection.raw_tokens
         if projection.compacted_tokens > policy.view_target_ratio * budget:
             # Placeholders have piled up (a long loop): they keep the view from settling at its
@@ -202,7 +214,8 @@ class ViewBuilder:
         if names:
             fixed += self._recall_cost(names)
         marks = [CheckpointMark(pos, max(pos, positions.get((cp.meta or {}).get("after"), pos)),
-                                self._block_tokens(cp, policy.exact_values_limit), forced=cp.mode == "sync")
+                                self._block_tokens(cp, policy.exact_values_limit)
+                                + self._hidden_index(chat, cp, pos, policy, budget, names)[1], forced=cp.mode == "sync")
                  for cp, pos in on_path]
         index, frontier = plan_view(rounds, raw, compacted, fixed, marks, policy, budget)
         found = on_path[index] if index is not None else None
@@ -236,6 +249,9 @@ class ViewBuilder:
             end = choose_boundary(tail, self.counter, policy.for_budget(budget), keys=tail_ids) or 0
             state = merge_state(state, extract_exact_values(tail[:end]))
         block = render_summary_block(summary, state, policy.exact_values_limit) if (checkpoint or state_only) else None
+        if checkpoint is not None and names:
+            index, _ = self._hidden_index(chat, checkpoint, pos, policy, budget, names)
+            block = f"{block}\n\n{index}" if index else block
         # The frontier comes from the view plan (``_plan``), in message indexes of the path.
         compacted, stats = compact_tool_results(tail, tail_ids, policy, self.counter, load_tool=load_tool,
                                                 frontier_at=max(0, frontier + shift))
@@ -253,6 +269,39 @@ class ViewBuilder:
         return Projection(messages, tools, names, self.calibration.scale(chat.model, tokens), frozenset(hidden),
                           checkpoint, stats.replaced, stats.truncated, raw_tokens=tokens, compacted_tokens=stats.compacted_tokens,
                           raw_tail_tokens=stats.raw_tail_tokens)
+
+    def _hidden_index(self, chat: ChatRequest, checkpoint: Checkpoint, pos: int, policy: Policy, budget: int,
+                      names: tuple[str, str] | None) -> tuple[str | None, int]:
+        """The hidden-context index of what `checkpoint` covers (policies/hidden_index.py), put
+        after its summary block, and its tokens. It depends only on the checkpoint (its boundary
+        fixes the covered events), the budget and the tool names, so it is cached by them and
+        changes only when a new checkpoint is adopted. The user message of a turn the checkpoint
+        covers in part stays in the view and is not listed."""
+        if not names or policy.hidden_index_ratio <= 0:
+            return None, 0
+        chars = int(policy.hidden_index_ratio * budget * 4)  # ~4 characters per token
+        key = (checkpoint.id, chars, names)
+        if key in self._indexes:
+            self._indexes.move_to_end(key)
+            return self._indexes[key]
+        covered, ids = chat.history[:pos + 1], chat.ids[:pos + 1]
+        if pos + 1 < len(chat.history) and chat.history[pos + 1].get("role") != "user":
+            task = last_user_index(covered)
+            if task is not None:
+                covered, ids = covered[:task] + covered[task + 1:], ids[:task] + ids[task + 1:]
+        index = render_hidden_index(covered, ids, checkpoint.state, chars, *names)
+        self._indexes[key] = found = (index, self.counter.count_text(index) if index else 0)
+        while len(self._indexes) > INDEX_MEMO:
+            self._indexes.popitem(last=False)
+        return found
+
+    def _entities(self, checkpoint: Checkpoint) -> tuple[str, ...]:
+        key = ("entities", checkpoint.id)
+        if key not in self._indexes:
+            self._indexes[key] = (summary_entities(checkpoint.summary, checkpoint.state), 0)
+            while len(self._indexes) > INDEX_MEMO:
+                self._indexes.popitem(last=False)
+        return self._indexes[key][0]
 
     def _tool_tokens(self, chat: ChatRequest, tools: list[dict] | None) -> int:
         """What the request's tool definitions cost: `tools`, and legacy `functions`, which the
