@@ -614,6 +614,8 @@ async def run(args) -> dict:
     cases = load_cases() if args.cases else []
     if args.split != "all":
         cases = [c for c in cases if split_of(c["question_id"]) == args.split]
+    if args.case_ids:
+        cases = [c for c in cases if c["question_id"] in args.case_ids.split(",")]
     cases = cases[: args.cases]
     if cases:
         t = time.perf_counter()
@@ -679,6 +681,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-index", action="store_true", help="policy hidden_index_ratio = 0")
     parser.add_argument("--split", choices=("all", "tune", "held-out"), default="all",
                         help="LongMemEval cases of this split only (bench/ranking.py split_of(question_id))")
+    parser.add_argument("--case-ids", default="", help="LongMemEval question_ids, comma-separated (default all)")
     parser.add_argument("--compare", action="store_true",
                         help="run the baseline first (wordllama, no expansion, no index) and print it "
                         "side by side with this configuration")
