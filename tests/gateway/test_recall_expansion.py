@@ -43,7 +43,7 @@ async def ranked(gw, history: list[dict], *, summary: str | None) -> list[str]:
     ledger = gw.app[LEDGER]
     key = ledger.sessions()[0].key
     ids = [e.id for e in ledger.since(key, -1) if e.kind == "message"]
-    tools = gw.app[PIPELINE].recall.tools
+    tools = gw.app[PIPELINE].loop.tools
     entities = summary_entities(summary, {"ids": ["OPS-7731"]}) if summary else ()
     call = {"id": "c1", "type": "function", "function": {"name": "session_search",
                                                          "arguments": orjson.dumps({"query": QUERY}).decode()}}
