@@ -18,8 +18,10 @@ session_load on the TOP hit only, and answers ``ANSWER: <loaded content>`` (firs
     context; searches and loads; errors. hit@k of the gateway's own search (whole session, no
     exclusions) shows what a model reading more than the top hit could find.
 (b) Synthetic agent sessions (simulator.workloads) with planted facts: ~60 rounds through the
-    gateway, then each fact asked with ``RECALL: <question>`` and ``RECALL: <paraphrase>``, each a
-    separate request continuing the same history. Evidence recall = ANSWER contains fact.answer.
+    gateway, then each fact asked with ``RECALL: <question>``, ``RECALL: <paraphrase>`` (the
+    workload's hand-written one) and ``RECALL: <reworded>`` (bench/paraphrase.py: the question with
+    every word it shares with the fact replaced by a fixed rule), each a separate request
+    continuing the same history. Evidence recall = ANSWER contains fact.answer.
 (c) Search latency: ``RecallTools.run`` (the session_search tool as the recall loop runs it) on a
     ~500-event LongMemEval session, p50/p99 over many queries; plus the in-turn tool times.
 """
@@ -44,6 +46,7 @@ from common import (  # noqa: E402
 from gateway.keys import INDEXER, LEDGER, PIPELINE, SUMMARIZER  # noqa: E402
 from simulator.workloads import TOOL_SPECS, synthetic_session  # noqa: E402
 from store.canonical import path_ids  # noqa: E402
+from paraphrase import reworded  # noqa: E402
 from ranking import split_of  # noqa: E402
 from store.chunking import query_terms  # noqa: E402
 
@@ -347,7 +350,8 @@ async def planted(args, tool_times: dict) -> list[dict]:
             key = bench.gateway.session_key(sid)
             ledger = bench.gateway.app[LEDGER]
             for fact in session.facts:
-                for phrasing, question in (("question", fact.question), ("paraphrase", fact.paraphrase)):
+                for phrasing, question in (("question", fact.question), ("paraphrase", fact.paraphrase),
+                                           ("reworded", reworded(fact.question, fact.statement))):
                     bench.puppet.reset()
                     body = {"model": MODEL, "tools": TOOL_SPECS,
                             "messages": history + [{"role": "user", "content": f"RECALL: {question}"}]}
@@ -408,6 +412,8 @@ def facts_summary(rows: list[dict]) -> dict:
         "available": sum(r["recalled"] or r["raw_in_view"] for r in rows) / n,
         "recalled_question": rate(by(lambda r: r["phrasing"] == "question"), "recalled"),
         "recalled_paraphrase": rate(by(lambda r: r["phrasing"] == "paraphrase"), "recalled"),
+        "recalled_reworded": rate(by(lambda r: r["phrasing"] == "reworded"), "recalled"),
+        "recalled_paraphrased": rate(by(lambda r: r["phrasing"] != "question"), "recalled"),
         "recalled_user": rate(by(lambda r: r["planted_in"] == "user"), "recalled"),
         "recalled_tool": rate(by(lambda r: r["planted_in"] == "tool"), "recalled"),
         "loaded_fact_event": rate(rows, "loaded_fact_event"),
@@ -527,7 +533,7 @@ def render(result: dict) -> str:
                   "question and as paraphrase, separate requests continuing the same history):"]
         lines.append(
             f"  evidence recall {fmt(f['recalled'], 3)} (question {fmt(f['recalled_question'], 3)}, "
-            f"paraphrase {fmt(f['recalled_paraphrase'], 3)}; planted in a user turn "
+            f"paraphrase {fmt(f['recalled_paraphrase'], 3)}, reworded {fmt(f['recalled_reworded'], 3)}; planted in a user turn "
             f"{fmt(f['recalled_user'], 3)}, in a tool output {fmt(f['recalled_tool'], 3)}); loaded "
             f"event holds the value {fmt(f['loaded_fact_event'], 3)}; errors {f['errors']} "
             f"({f['over_window']} over window, {f['rejected']} rejected upstream); "
@@ -587,6 +593,8 @@ def checks(result: dict) -> list[str]:
                    f"{format(f['recalled'], '.3f') + ' (q ' + format(f['recalled_question'], '.3f') + ', p ' + format(f['recalled_paraphrase'], '.3f') + ')':<44} "
                    f">= 0.95 {ok(f['recalled'] >= 0.95)}")
         out.append(f"{'  ... in the answer or verbatim in the view':<52} {'':<26} {format(f['available'], '.3f'):<44}")
+        out.append(f"{'planted facts, paraphrased questions (both kinds)':<52} {'':<26} "
+                   f"{format(f['recalled_paraphrased'], '.3f'):<44} >= 0.9 {ok(f['recalled_paraphrased'] >= 0.9)}")
     errors = sum(s["errors"] for s in result.get("longmemeval", [])) + (f["errors"] if f else 0)
     over = sum(s["over_window"] for s in result.get("longmemeval", [])) + (f["over_window"] if f else 0)
     out.append(f"{'errors / upstream requests over the window':<52} {'':<26} {f'{errors} / {over}':<44} 0 {ok(errors == 0)}")
@@ -603,7 +611,12 @@ async def run(args) -> dict:
     timings = {}
     tool_times: dict[str, list[float]] = {}
     result: dict = {"notes": notes}
-    cases = load_cases(args.cases) if args.cases else []
+    cases = load_cases() if args.cases else []
+    if args.split != "all":
+        cases = [c for c in cases if split_of(c["question_id"]) == args.split]
+    if args.case_ids:
+        cases = [c for c in cases if c["question_id"] in args.case_ids.split(",")]
+    cases = cases[: args.cases]
     if cases:
         t = time.perf_counter()
         rows, bench = await longmemeval(args, cases, tool_times)
@@ -661,6 +674,17 @@ def main(argv: list[str] | None = None) -> None:
                         help="recall.embeddings_url: an OpenAI-compatible /v1 base (e.g. bench/minilm.py); "
                         "default the embedded WordLlama")
     parser.add_argument("--embeddings-dim", type=int, default=384)
+    parser.add_argument("--embedder", choices=("wordllama", "minilm"), default=None,
+                        help="recall.embedder (default: the gateway's); minilm runs in process with the "
+                        "bench's vector cache (bench/minilm.py)")
+    parser.add_argument("--no-expand", action="store_true", help="recall.expand_queries = false")
+    parser.add_argument("--no-index", action="store_true", help="policy hidden_index_ratio = 0")
+    parser.add_argument("--split", choices=("all", "tune", "held-out"), default="all",
+                        help="LongMemEval cases of this split only (bench/ranking.py split_of(question_id))")
+    parser.add_argument("--case-ids", default="", help="LongMemEval question_ids, comma-separated (default all)")
+    parser.add_argument("--compare", action="store_true",
+                        help="run the baseline first (wordllama, no expansion, no index) and print it "
+                        "side by side with this configuration")
     parser.add_argument("--ranking", choices=("default", "pre"), default="default",
                         help="pre: the search ranking before exchange pairing and tool-result lines "
                         "(the same tree otherwise), to measure what they change")
@@ -678,12 +702,85 @@ def main(argv: list[str] | None = None) -> None:
     args.recall_settings = {k: v for k, v in (("auto_tokens", args.auto_tokens),
                                                ("passage_tokens", args.passage_tokens)) if v is not None}
     args.policy_settings = {"policy": {"profile": args.profile}} if args.profile else {}
+    if args.no_index:
+        args.policy_settings.setdefault("policy", {})["hidden_index_ratio"] = 0.0
+    if args.embedder:
+        args.recall_settings["embedder"] = args.embedder
+    if args.no_expand:
+        args.recall_settings["expand_queries"] = False
+    if args.embedder == "minilm":
+        _minilm_with_cache()
     if args.embeddings_url:
         args.recall_settings.update(embeddings_url=args.embeddings_url, embeddings_model="all-MiniLM-L6-v2",
                                     embeddings_dim=args.embeddings_dim)
     if args.ranking == "pre":
         _rank_as_before()
-    run_and_report(run, render, args)
+    if args.compare:
+        run_and_report(compared, render_compared, args)
+    else:
+        run_and_report(run, render, args)
+
+
+def _minilm_with_cache() -> None:
+    """The gateway's MiniLM embedder loads bench/minilm.py's model: the same weights and forward
+    pass, with 2 worker threads and the SQLite vector cache shared by runs."""
+    import minilm
+    from store.minilm import MiniLMEmbedder
+
+    model: list = []
+
+    def loaded(self):
+        if not model:
+            model.append(minilm.MiniLM(cache_path=minilm.default_cache_path() or None))
+        return model[0]
+
+    MiniLMEmbedder.loaded = loaded
+
+
+async def compared(args) -> dict:
+    """The baseline (WordLlama, no query expansion, no hidden-context index), then `args`."""
+    import copy
+
+    base = copy.copy(args)
+    base.recall_settings = {k: v for k, v in args.recall_settings.items() if k not in ("embedder", "expand_queries")}
+    base.recall_settings["expand_queries"] = False
+    base.policy_settings = copy.deepcopy(args.policy_settings)
+    base.policy_settings.setdefault("policy", {})["hidden_index_ratio"] = 0.0
+    before = await run(base)
+    after = await run(args)
+    return {"before": before, "after": after, "notes": after["notes"],
+            "label": f"embedder {args.embedder or 'wordllama'}, expansion {'off' if args.no_expand else 'on'}, "
+                     f"index {'off' if args.no_index else 'on'}"}
+
+
+def render_compared(result: dict) -> str:
+    before, after = result["before"], result["after"]
+    rows = []
+    for label, pick, target in (
+        ("planted facts recalled, all", lambda r: r["facts"]["recalled"], ">= 0.95"),
+        ("  question", lambda r: r["facts"]["recalled_question"], ""),
+        ("  paraphrased (hand-written + reworded)", lambda r: r["facts"]["recalled_paraphrased"], ">= 0.9"),
+        ("    hand-written paraphrase", lambda r: r["facts"]["recalled_paraphrase"], ""),
+        ("    reworded by rule", lambda r: r["facts"]["recalled_reworded"], ""),
+        ("  search hit@1 / hit@5", lambda r: f"{r['facts']['hit1']:.3f} / {r['facts']['hit5']:.3f}", ""),
+        ("LongMemEval evidence recall, 32k (top hit read)", lambda r: r["longmemeval"][0]["loaded_evidence"], ">= 0.95"),
+        ("  held-out split", lambda r: r["longmemeval"][0]["by_split"].get("held-out", {}).get("loaded_evidence"), ">= 0.95"),
+        ("  read, in view or in the auto block", lambda r: r["longmemeval"][0]["evidence_available"], ""),
+        ("  search hit@1 / hit@5", lambda r: f"{r['longmemeval'][0]['hit1']:.3f} / {r['longmemeval'][0]['hit5']:.3f}", ""),
+        ("  cases", lambda r: r["longmemeval"][0]["n"], ""),
+        ("search p50 ms (~500 events)", lambda r: r["latency"]["hidden scope_p50_ms"], "<= 20"),
+    ):
+        cells = []
+        for r in (before, after):
+            try:
+                value = pick(r)
+            except (KeyError, IndexError, TypeError):
+                value = None
+            cells.append("-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value))
+        rows.append(f"{label:<50} {cells[0]:>16} {cells[1]:>16} {target:>8}")
+    head = f"{'figure':<50} {'before':>16} {'after':>16} {'target':>8}"
+    return "\n".join([f"before: wordllama, expansion off, index off; after: {result['label']}", head, "-" * len(head),
+                      *rows, "", "after, in full:", render(after)])
 
 
 def _rank_as_before() -> None:

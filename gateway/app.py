@@ -213,7 +213,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                                passage_tokens=settings.recall.passage_tokens,
                                auto_tokens=settings.recall.auto_tokens,
                                auto_placement=settings.recall.auto_placement,
-                               auto_timeout_s=settings.recall.auto_timeout_s)
+                               auto_timeout_s=settings.recall.auto_timeout_s,
+                               expand_queries=settings.recall.expand_queries)
     # One recall loop for every format: each pipeline is its adapter (gateway/pipeline/adapter.py).
     recall = RecallLoop(session_header=settings.session.header, views=views, tools=recall_tools, recorder=recorder,
                         max_rounds=settings.recall.max_rounds, metrics=metrics)
@@ -262,6 +263,10 @@ def open_index(settings: Settings, upstream: Upstream | None):
     if recall.embeddings_url and upstream is not None:
         embedder = RemoteEmbedder(upstream, recall.embeddings_url, recall.embeddings_model,
                                   recall.embeddings_api_key.get_secret_value(), recall.embeddings_dim)
+    elif recall.embedder == "minilm":
+        from store.minilm import MiniLMEmbedder
+
+        embedder = MiniLMEmbedder()
     else:
         embedder = default_embedder()
     return SearchIndex(recall.index_uri or str(Path(settings.store.path) / "index"), embedder,

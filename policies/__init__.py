@@ -7,6 +7,7 @@ only stateful objects (``TokenCounter``, ``Calibration``) are created by the she
 from policies.compaction import CheckpointMark, CompactionStats, PlanEvent, compact_tool_results, plan_view, round_sizes, truncate_head_tail
 from policies.extraction import extract_exact_values, format_exact_values, merge_state
 from policies.policy import PROFILES, Policy, PolicyOverride, ToolRule, resolve_policy
+from policies.hidden_index import render_hidden_index
 from policies.projection import project_view, render_summary_block
 from policies.recall_tools import is_recall_call, recall_note, recall_tool_names, recall_tools
 from policies.rounds import choose_boundary, last_user_index, split_rounds, tool_pair_problems
@@ -54,6 +55,7 @@ __all__ = [
     "recall_tools",
     "redact",
     "render_forked_summary_request",
+    "render_hidden_index",
     "render_summary_block",
     "render_summary_request",
     "resolve_policy",

@@ -191,6 +191,12 @@ class Policy(BaseModel):
         "rest of the session and the instruction files agents inject, kept verbatim once a summary hides them); "
         "over it the oldest rules are left to the summary. 0 turns pinning off.",
     )
+    hidden_index_ratio: float = Field(
+        0.03, ge=0, le=0.2,
+        description="Share of the budget for the hidden-context index, a list of the topics, entities and exact values "
+        "a checkpoint hides, with their event ids, after the summary block (so the model knows what to search for); "
+        "it changes only with the checkpoint, so it stays in the cached prefix. 0 = off.",
+    )
     truncate_last_message: bool = Field(
         False,
         description="Cut the newest user message head/tail when nothing else makes the request fit (a response header "

@@ -272,11 +272,13 @@ class SearchIndex:
         exclude_event_ids: frozenset[str] = frozenset(),
         within: frozenset[str] | None = None,
         ranking: Ranking | None = None,
+        expansion: str = "",
     ) -> list[Hit]:
         """Events of this session best matching `query`, best first, at most `limit`.
 
         `within`: only these events count (None: the whole session); `exclude_event_ids`:
         these are never returned, though they still lend their neighbours a share of score.
+        `expansion`: more words for the text leg only (store/query_expansion.py).
         """
         if limit <= 0 or not query.strip():
             return []
@@ -292,7 +294,8 @@ class SearchIndex:
         while True:
             text_depth = depth + ranking.text_extra
             text_rows, vector_rows = await retrieve(
-                session.table, where, text_query(query, ranking), query_vector, _COLUMNS, depth, text_depth
+                session.table, where, f"{text_query(query, ranking)} {expansion}".strip(), query_vector, _COLUMNS,
+                depth, text_depth
             )
             legs = [
                 rows if within is None else [row for row in rows if row["event_id"] in within]

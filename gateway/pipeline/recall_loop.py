@@ -99,6 +99,7 @@ class RecallLoop:
             content = await self.tools.run(
                 call, kind=kind, session_key=turn.ref.key, path_ids=turn.chat.ids, hidden=turn.view.hidden,
                 matches=turn.recall_matches, asking=turn.chat.ids[asking] if asking is not None else None,
+                summary=turn.view.summary, entities=turn.view.entities,
             )
             results.append({"role": "tool", "tool_call_id": call.get("id"), "content": content})
         turn.recall_calls += len(recall_calls)

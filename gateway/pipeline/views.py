@@ -24,6 +24,7 @@ import orjson
 
 from gateway.pipeline.request import ChatRequest
 from gateway.pipeline.formats import recall_tools_for
+from gateway.pipeline.hidden import HiddenIndexes
 from gateway.pipeline.standing import StandingRules
 from gateway.http.errors import ContextLengthExceeded
 from policies import (
@@ -53,6 +54,7 @@ from store import call as store_call
 log = logging.getLogger("palimpsest.views")
 
 
+
 @dataclass(slots=True)
 class View:
     """What the upstream receives. messages None means: forward the client's bytes unchanged."""
@@ -72,6 +74,8 @@ class View:
     truncated_last_message: bool = False  # the newest user message was cut (policy opted in)
     dropped: int = 0  # messages tailoring left out (a summary fork would not see them)
     notes: "ViewNotes | None" = None  # what the plan decided and why, for the request's receipt
+    summary: str | None = None  # the checkpoint's summary, and its entities: session_search expands with them
+    entities: tuple[str, ...] = ()
 
     def body(self, chat: ChatRequest) -> bytes:
         if self.messages is None:
@@ -131,6 +135,8 @@ class ViewBuilder:
         self.summarizer = summarizer
         self.standing = StandingRules(counter)
         self._recall_costs: dict[tuple[str, str], int] = {}
+        # By checkpoint: its hidden-context index and that index's tokens, and its entities.
+        self.hidden = HiddenIndexes(counter)  # the hidden-context index per checkpoint (gateway/pipeline/hidden.py)
 
     def policy_for(self, model: str, ref: SessionRef) -> Policy:
         if not self.settings.policies:
@@ -182,6 +188,9 @@ class ViewBuilder:
         view.upstream_tokens = projection.tokens
         view.hidden = projection.hidden
         view.checkpoint = projection.checkpoint.id if projection.checkpoint else None
+        if projection.checkpoint is not None and view.recall_names:
+            view.summary = projection.checkpoint.summary
+            view.entities = self.hidden.entities(projection.checkpoint)
         view.raw_estimate = projection.raw_tokens
         if projection.compacted_tokens > policy.view_target_ratio * budget:
             # Placeholders have piled up (a long loop): they keep the view from settling at its
@@ -235,7 +244,8 @@ class ViewBuilder:
         # A view with a summary also carries the pinned standing instructions, just before it.
         pinned = self.standing.tokens(self.standing.rules(chat.history, chat.ids, policy, budget)) if on_path else 0
         marks = [CheckpointMark(pos, max(pos, positions.get((cp.meta or {}).get("after"), pos)),
-                                self._block_tokens(cp, policy.exact_values_limit) + pinned, forced=cp.mode == "sync")
+                                self._block_tokens(cp, policy.exact_values_limit) + pinned
+                                + self.hidden.index(chat, cp, pos, policy, budget, names)[1], forced=cp.mode == "sync")
                  for cp, pos in on_path]
         index, frontier = plan_view(rounds, raw, compacted, fixed, marks, policy, budget, events)
         found = on_path[index] if index is not None else None
@@ -279,6 +289,9 @@ class ViewBuilder:
             block = render_summary_block(summary, state, policy.exact_values_limit, unquoted)
         else:
             block = None
+        if checkpoint is not None and names:
+            index, _ = self.hidden.index(chat, checkpoint, pos, policy, budget, names)
+            block = f"{block}\n\n{index}" if index else block
         # The frontier comes from the view plan (``_plan``), in message indexes of the path.
         compacted, stats = compact_tool_results(tail, tail_ids, policy, self.counter, load_tool=load_tool,
                                                 frontier_at=max(0, frontier + shift))

@@ -101,7 +101,8 @@ async def add_recalled_history(tools: RecallTools, views, turn) -> None:
         tools.metrics.recall_calls.labels("auto", "busy").inc()
         return
     search = asyncio.ensure_future(tools.find(key, query, tools.path_scope(chat.ids, view.hidden), RESULTS,
-                                              max(0, budget - fixed) // CHARS_PER_TOKEN))
+                                              max(0, budget - fixed) // CHARS_PER_TOKEN,
+                                              tools.expansion(query, view.summary, view.entities)))
     done, _ = await asyncio.wait({search}, timeout=tools.auto_timeout_s)
     if not done:
         tools.late_searches[key] = search  # kept referenced until it ends

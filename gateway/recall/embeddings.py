@@ -7,17 +7,9 @@ from __future__ import annotations
 
 import orjson
 
-from store.ranking import Ranking
+from store.ranking import REAL_MODEL_RANKING
 
-# A real sentence model's cosines carry meaning (unrelated texts sit near 0-0.2, paraphrases
-# well above), so its vector leg is trusted over a BM25 leg that matched common words only:
-# BM25 scores are divided by max(best, 60), so only a leg with a strong lexical match counts in
-# full. Tuned with all-MiniLM-L6-v2 (bench/ranking.py --embedder minilm --cases 12, a 36-point
-# grid of floor x weight x text_scale, chosen by mean hit@1 then hit@5 over the workloads' tune
-# splits): mean hit@1 tune 0.733 -> 0.821, held-out 0.677 -> 0.751 over WordLlama's weights
-# (planted personal facts incl. paraphrases 0.60 -> 0.90 tune, 0.60 -> 0.82 held out). The
-# weights before (floor 0.1, weight 3, text_scale 20): 0.775 / 0.734.
-REAL_MODEL_RANKING = Ranking(vector_floor=0.3, vector_weight=1.5, text_scale=60.0)
+__all__ = ["REAL_MODEL_RANKING", "RemoteEmbedder"]
 
 
 class RemoteEmbedder:

@@ -31,6 +31,7 @@ from policies.messages import call_arguments
 from store import offload
 from store.chunking import query_terms, snippet
 from store.interfaces import LedgerStore
+from store.query_expansion import expand_query
 from store.records import Event
 
 log = logging.getLogger("palimpsest.recall")
@@ -67,7 +68,7 @@ def _iso(ts: float) -> str:
 class RecallTools:
     def __init__(self, ledger: LedgerStore, indexer: Indexer, metrics, default_limit: int = 5, *,
                  passage_tokens: int = 600, auto_tokens: int = 0, auto_placement: str = "message",
-                 auto_timeout_s: float = 5.0) -> None:
+                 auto_timeout_s: float = 5.0, expand_queries: bool = True) -> None:
         self.ledger = ledger
         self.indexer = indexer
         self.metrics = metrics
@@ -76,15 +77,19 @@ class RecallTools:
         self.auto_tokens = auto_tokens  # proactive recall budget (gateway/recall/auto.py); 0 = off
         self.auto_placement = auto_placement  # "message"/"system": a user/system message of its own; "user": in the user message
         self.auto_timeout_s = auto_timeout_s  # proactive recall goes without its block past this
+        self.expand_queries = expand_queries  # with the summary's entities (store/query_expansion.py)
         # Session key -> its proactive search that outlived its request (at most one per
         # session: later ones are skipped while it runs).
         self.late_searches: dict[str, asyncio.Future] = {}
 
     async def run(self, call: dict, *, kind: str, session_key: str, path_ids: list[str], hidden: frozenset[str],
-                  matches: dict[str, str] | None = None, asking: str | None = None) -> str:
+                  matches: dict[str, str] | None = None, asking: str | None = None,
+                  summary: str | None = None, entities: tuple[str, ...] = ()) -> str:
         """Run one recall call. `matches` (event id -> matching snippet) carries the turn's
         search hits to its loads, so loading a long hit opens at the part that matched;
-        `asking` is the user message the model is answering, never a search hit of its own."""
+        `asking` is the user message the model is answering, never a search hit of its own;
+        `summary` and its `entities` (the view's checkpoint) expand a search's query
+        (store/query_expansion.py)."""
         started = time.perf_counter()
         try:
             args = orjson.loads(call_arguments(call) or "{}")
@@ -93,7 +98,8 @@ class RecallTools:
             if matches is None:
                 matches = {}
             if kind == "search":
-                result = await self._search(args, session_key, path_ids, hidden, asking)
+                result = await self._search(args, session_key, path_ids, hidden, asking,
+                                            self.expansion(args.get("query"), summary, entities))
                 for hit in result.get("results", ()):
                     matches.setdefault(hit["event_id"], hit.get("snippet") or hit.get("passage", ""))
             else:
@@ -106,8 +112,14 @@ class RecallTools:
         self.metrics.recall_seconds.labels(kind).observe(time.perf_counter() - started)
         return orjson.dumps(result).decode()
 
+    def expansion(self, query, summary: str | None, entities: tuple[str, ...]) -> str:
+        """Words the keyword leg also looks for: the summary's entities linked to `query`."""
+        if not self.expand_queries or not isinstance(query, str):
+            return ""
+        return expand_query(query, summary, entities)
+
     async def _search(self, args: dict, session_key: str, path_ids: list[str], hidden: frozenset[str],
-                      asking: str | None = None) -> dict:
+                      asking: str | None = None, expansion: str = "") -> dict:
         query = args.get("query")
         if not isinstance(query, str) or not query.strip():
             return {"error": "'query' must be a non-empty string", "note": HISTORICAL_NOTE}
@@ -115,7 +127,7 @@ class RecallTools:
         limit = max(1, min(20, limit if isinstance(limit, int) else self.default_limit))
         scope = args.get("scope", "session")
         within = self.path_scope(path_ids, hidden, scope) - {asking}
-        results = await self.find(session_key, query, within, limit, self.passage_tokens)
+        results = await self.find(session_key, query, within, limit, self.passage_tokens, expansion)
         for result in results:
             if result["event_id"] not in hidden:
                 result["in_view"] = True
@@ -134,13 +146,13 @@ class RecallTools:
         return frozenset(i for i in path_ids if i in hidden)
 
     async def find(self, session_key: str, query: str, within: frozenset[str], limit: int,
-                   passage_tokens: int) -> list[dict]:
+                   passage_tokens: int, expansion: str = "") -> list[dict]:
         """Ranked hits among `within` as result dicts; the best ones carry a passage."""
         if not within:
             return []
         await self.indexer.catch_up(session_key)
         index = await self.indexer.opened()
-        hits = await index.search(session_key, query, limit=limit, within=within)
+        hits = await index.search(session_key, query, limit=limit, within=within, expansion=expansion)
         results = [{"event_id": h.event_id, "role": h.role, "created": _iso(h.created),
                     "score": round(h.score, 4), "snippet": h.snippet} for h in hits]
         budget = passage_tokens * CHARS_PER_TOKEN
