@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -18,6 +18,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from gateway.settings_upstreams import DEFAULT_UPSTREAM, UPSTREAMS_EXAMPLE, NamedUpstreamSettings, upstream_for
 from policies.policy import PROFILE_KEYS, Policy, PolicyOverride
 
 
@@ -219,6 +220,9 @@ class SummarySettings(_Section):
 class TenantSettings(_Section):
     key: SecretStr = Field(..., description="The tenant's client API key.")
     upstream_key: SecretStr = Field(SecretStr(""), description="Provider key used for this tenant instead of upstream.api_key.")
+    upstream_keys: dict[str, SecretStr] = Field(
+        default_factory=dict, description="Provider keys of this tenant on named upstreams: NAME = key, used instead of "
+        "upstreams.NAME.api_key; a key goes only to the upstream it is named for.")
     max_stored_mb: float | None = Field(None, gt=0, description="Ledger storage quota for this tenant (default store.max_stored_mb).")
 
 
@@ -237,6 +241,8 @@ class Settings(BaseSettings):
 
     server: ServerSettings = ServerSettings()
     upstream: UpstreamSettings = UpstreamSettings()
+    upstreams: dict[str, NamedUpstreamSettings] = Field(
+        default_factory=dict, description="Further providers by name, each serving the models its globs match.")
     store: StoreSettings = StoreSettings()
     session: SessionSettings = SessionSettings()
     models: dict[str, ModelSettings] = Field(default_factory=dict)
@@ -263,6 +269,20 @@ class Settings(BaseSettings):
         if toml_file is not None:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
         return tuple(sources)
+
+    @model_validator(mode="after")
+    def _named_upstreams(self) -> "Settings":
+        if DEFAULT_UPSTREAM in self.upstreams:
+            raise ValueError(f"upstreams.{DEFAULT_UPSTREAM} is the name of [upstream]; give this upstream another name")
+        for tenant, t in self.tenant_table().items():
+            for name in t.upstream_keys:
+                if name not in self.upstreams:
+                    raise ValueError(f"tenants.{tenant}.upstream_keys names '{name}', which is no [upstreams.NAME] table")
+        return self
+
+    def upstream_for(self, model: str | None) -> str:
+        """The name of the upstream that serves `model` (``settings_upstreams.upstream_for``)."""
+        return upstream_for(self.upstreams, model)
 
     def tenant_table(self) -> dict[str, TenantSettings]:
         """Every named tenant in the table form (``name = "key"`` is ``key`` alone)."""
@@ -320,7 +340,7 @@ def _toml_value(value) -> str:
 
 SECTION_HELP = {
     "server": "The HTTP server.",
-    "upstream": "The OpenAI-compatible provider requests are forwarded to.",
+    "upstream": "The default provider (named 'default'): requests whose model no [upstreams.NAME] glob matches go here.",
     "store": "The embedded store (nothing else to run).",
     "session": "How requests map to sessions.",
     "policy": "The default compaction policy; [[policies]] below override it by model/session glob.",
@@ -341,7 +361,7 @@ def example_toml() -> str:
     defaults = Settings.model_construct()
     for name, field in Settings.model_fields.items():
 
-        if name in ("models", "tenants", "policies"):
+        if name in ("models", "tenants", "policies", "upstreams"):
             continue
         lines.append(f"# {SECTION_HELP.get(name, '')}")
         lines.append(f"[{name}]")
@@ -361,6 +381,7 @@ def example_toml() -> str:
                 lines.append(f"{alias} = {_toml_value(value)}")
         lines.append("")
     lines += [
+        *UPSTREAMS_EXAMPLE,
         "# Context windows by model name. Without an entry the window is discovered from the upstream's",
         "# /v1/models (context_length, max_model_len, ...), else a conservative default is used.",
         "# Prices ($ per 1M tokens) override the built-in table of well-known models (policies/prices.py).",
@@ -379,7 +400,8 @@ def example_toml() -> str:
         "# A tenant of its own provider account, with a storage quota:",
         "# [tenants.beta]",
         '# key = "pk-beta-..."',
-        '# upstream_key = "sk-provider-beta-..."',
+        '# upstream_key = "sk-provider-beta-..."   # for [upstream]',
+        '# upstream_keys = { anthropic = "sk-ant-beta-..." }   # per [upstreams.NAME]; each goes only to its upstream',
         "# max_stored_mb = 500",
         "",
         "# Policy overrides, applied in order to requests whose model and/or session id match the",

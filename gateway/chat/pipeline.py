@@ -32,12 +32,13 @@ from gateway.pipeline.views import View, ViewBuilder
 from gateway.http.errors import GatewayError, UpstreamIncomplete
 from gateway.http.identity import Identity
 from gateway.http.sse import SSEDecoder, StreamAssembler, end_with_error
-from gateway.http.upstream import Upstream, response_headers
-from gateway.keys import LOG_FIELDS, MODEL, PIPELINE, REQUEST_ID, SESSION, TENANT, UPSTREAM_KEY
+from gateway.http.routing import Upstreams
+from gateway.http.upstream import response_headers
+from gateway.keys import LOG_FIELDS, MODEL, PIPELINE, REQUEST_ID, SESSION, TENANT, UPSTREAM_KEY, UPSTREAM_NAME
 from store import call as store_call
 
 class ChatPipeline:
-    def __init__(self, *, settings, upstream: Upstream, ledger, identity: Identity, metrics, views: ViewBuilder,
+    def __init__(self, *, settings, upstream: Upstreams, ledger, identity: Identity, metrics, views: ViewBuilder,
                  recall: RecallLoop, recorder: TurnRecorder, quota: StorageQuota | None = None) -> None:
         self.settings = settings
         self.upstream = upstream
@@ -59,6 +60,7 @@ class ChatPipeline:
         # The fingerprint fallback (when enabled) names the session by its first event.
         ref = self.identity.session(request, tenant, ids[0] if ids else None)
         request[TENANT] = tenant
+        self.upstream.route(request, tenant, chat.model)  # which upstream, and the tenant's key for it
         if ref is not None:
             request[SESSION] = ref.key
             chat.ids = ids
@@ -69,7 +71,7 @@ class ChatPipeline:
         view = await offload.build_view(self.views, chat, ref, auth) if ref is not None else View()
         if ref is not None and ids:
             await self._sync(ref, chat, ids)
-        turn = Turn(chat, ref, model_label, timing, view, auth=auth)
+        turn = Turn(chat, ref, model_label, timing, view, auth=auth, upstream=request.get(UPSTREAM_NAME, "default"))
         turn.headers["x-request-id"] = request.get(REQUEST_ID, "")
         if ref is not None:
             turn.headers["x-palimpsest-session"] = ref.session_id
@@ -117,8 +119,9 @@ class ChatPipeline:
 
     async def _relay_json(self, request: web.Request, turn: Turn) -> web.StreamResponse:
         t0 = time.perf_counter()
-        async with self.upstream.post_chat(request.headers, self._body(turn), drop=self._drop, tenant_key=request.get(UPSTREAM_KEY, "")) as up:
-            payload = await self.upstream.reader(up).read()
+        upstream = self.upstream.for_model(turn.chat.model)
+        async with upstream.post_chat(request.headers, self._body(turn), drop=self._drop, tenant_key=request.get(UPSTREAM_KEY, "")) as up:
+            payload = await upstream.reader(up).read()
             turn.timing.waiting(t0)
             headers = response_headers(up.headers, decoded=True)
             headers.update(turn.headers)
@@ -139,9 +142,10 @@ class ChatPipeline:
         t0 = time.perf_counter()
         response: web.StreamResponse | None = None
         try:
-            async with self.upstream.post_chat(request.headers, self._body(turn), drop=self._drop, tenant_key=request.get(UPSTREAM_KEY, "")) as up:
+            upstream = self.upstream.for_model(turn.chat.model)
+            async with upstream.post_chat(request.headers, self._body(turn), drop=self._drop, tenant_key=request.get(UPSTREAM_KEY, "")) as up:
                 turn.timing.waiting(t0)
-                reader = self.upstream.reader(up)
+                reader = upstream.reader(up)
                 headers = response_headers(up.headers, decoded=True)
                 headers.update(turn.headers)
                 if up.status != 200 or "text/event-stream" not in up.headers.get("Content-Type", ""):

@@ -41,9 +41,9 @@ class MessagesRecallLoop(RecallLoop):
             body.pop("tool_choice", None)
         return orjson.dumps(body)
 
-    def _post(self, request: web.Request, body: bytes):
-        return self.upstream.post(upstream_path(request), request.headers, body, drop=self._drop,
-                                  tenant_key=request.get(UPSTREAM_KEY, ""))
+    def _open(self, turn: Turn, request: web.Request, body: bytes):
+        return self.transport(turn.chat.model).post(upstream_path(request), request.headers, body, drop=self._drop,
+                                                    tenant_key=request.get(UPSTREAM_KEY, ""))
 
     def _calls(self, blocks: list, names: tuple[str, str]) -> tuple[list[dict], bool]:
         """The recall calls of an answer (as neutral tool calls) and whether it also calls a
@@ -109,9 +109,9 @@ class MessagesRecallLoop(RecallLoop):
             while True:
                 with_recall = self._with_recall(turn)
                 t0 = time.perf_counter()
-                async with self._post(request, self._body(turn, messages, with_recall, stream=True)) as up:
+                async with self._open(turn, request, self._body(turn, messages, with_recall, stream=True)) as up:
                     turn.timing.waiting(t0)
-                    reader = self.upstream.reader(up)
+                    reader = self._reader(turn, up)
                     if up.status != 200 or "text/event-stream" not in up.headers.get("Content-Type", ""):
                         payload = await reader.read()
                         if response is None and with_recall and self._refused_tools(turn, up.status, payload):

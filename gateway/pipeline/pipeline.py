@@ -26,8 +26,10 @@ from gateway.pipeline.views import View, ViewBuilder
 from gateway.http.errors import GatewayError, UpstreamIncomplete
 from gateway.http.identity import Identity
 from gateway.http.sse import SSEDecoder
-from gateway.http.upstream import Upstream, response_headers
-from gateway.keys import LOG_FIELDS, MODEL, REQUEST_ID, SESSION, TENANT, UPSTREAM_KEY
+from gateway.http.routing import Upstreams
+from gateway.http.upstream import response_headers
+from gateway.keys import LOG_FIELDS, MODEL, REQUEST_ID, SESSION, TENANT, UPSTREAM_KEY, UPSTREAM_NAME
+from gateway.settings import DEFAULT_UPSTREAM
 from store import call as store_call
 from store.records import SessionRef
 
@@ -51,7 +53,7 @@ class WirePipeline:
     path = "/v1/chat/completions"
     credentials: tuple[str, ...] = ("Authorization", "api-key")
 
-    def __init__(self, *, settings, upstream: Upstream, ledger, identity: Identity, metrics, views: ViewBuilder,
+    def __init__(self, *, settings, upstream: Upstreams, ledger, identity: Identity, metrics, views: ViewBuilder,
                  recorder: TurnRecorder, quota=None, loop=None) -> None:
         self.settings = settings
         self.upstream = upstream
@@ -88,9 +90,17 @@ class WirePipeline:
     def upstream_path(self, request: web.Request) -> str:
         return self.path
 
+    # The format's translation for a chat-only model (a ``chat_transport.ChatTransport``), or None.
+    through_chat = None
+
     def transport(self, model: str):
-        """The upstream client for `model` (``post`` and ``reader``)."""
-        return self.upstream
+        """The upstream client for `model` (``post`` and ``reader``): the upstream that serves it,
+        seen through Chat Completions for a model configured with ``api = "chat"``."""
+        upstream = self.upstream.for_model(model)
+        configured = self.settings.models.get(model)
+        if self.through_chat is not None and configured is not None and configured.api == "chat":
+            return self.through_chat(upstream)
+        return upstream
 
     async def record(self, turn: Turn, tenant: str | None = None) -> None:
         await self.recorder.answer(turn)
@@ -124,7 +134,8 @@ class WirePipeline:
         return await offload.build_view(self.views, chat, ref, auth) if ref is not None and chat.ids else View()
 
     def turn(self, request: web.Request, chat, ref: SessionRef | None, timing: Timing, view: View, auth) -> Turn:
-        turn = Turn(chat, ref, request[MODEL], timing, view, auth=auth, route=self.route)
+        turn = Turn(chat, ref, request[MODEL], timing, view, auth=auth, route=self.route,
+                    upstream=request.get(UPSTREAM_NAME, DEFAULT_UPSTREAM))
         turn.headers["x-request-id"] = request.get(REQUEST_ID, "")
         if ref is not None:
             turn.headers["x-palimpsest-session"] = ref.session_id
@@ -141,6 +152,7 @@ class WirePipeline:
         chat, ids = await self.parsed(await request.read())
         request[MODEL] = self.metrics.model_label(chat.model)
         request[TENANT] = tenant
+        self.upstream.route(request, tenant, chat.model)  # which upstream, and the tenant's key for it
         return timing, tenant, chat, ids
 
     async def handle(self, request: web.Request) -> web.StreamResponse:

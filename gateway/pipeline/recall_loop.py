@@ -33,7 +33,8 @@ from gateway.pipeline.turn import Turn, TurnRecorder, add_usage, clean_usage
 from gateway.pipeline.views import ViewBuilder
 from gateway.http.errors import GatewayError, UpstreamErrorEvent, UpstreamIncomplete, UpstreamUnreachable
 from gateway.http.sse import SSEDecoder, StreamAssembler, ToolCallIndexer, encode_event, end_with_error, readable_chunk, readable_completion
-from gateway.http.upstream import Upstream, response_headers
+from gateway.http.routing import Upstreams
+from gateway.http.upstream import response_headers
 from gateway.keys import UPSTREAM_KEY
 from gateway.recall.auto import add_recalled_history
 from policies import is_recall_call, last_user_index
@@ -74,9 +75,12 @@ class _Relay:
 
 
 class RecallLoop:
-    def __init__(self, *, upstream: Upstream, session_header: str, views: ViewBuilder, tools, recorder: TurnRecorder,
-                 max_rounds: int, metrics) -> None:
+    def __init__(self, *, upstream: Upstreams, session_header: str, views: ViewBuilder, tools, recorder: TurnRecorder,
+                 max_rounds: int, metrics, transport=None) -> None:
         self.upstream = upstream
+        # The upstream client for a model (``post``, ``post_chat``, ``reader``): the routed upstream,
+        # or the format pipeline's (which may see it through Chat Completions).
+        self.transport = transport or upstream.for_model
         self.views = views
         self.tools = tools
         self.recorder = recorder
@@ -100,15 +104,14 @@ class RecallLoop:
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
         return orjson.dumps(body)
 
-    def _post(self, request: web.Request, body: bytes):
-        return self.upstream.post_chat(request.headers, body, drop=self._drop, tenant_key=request.get(UPSTREAM_KEY, ""))
-
     def _open(self, turn: Turn, request: web.Request, body: bytes):
-        """The upstream call of one round (a format's loop may route it elsewhere)."""
-        return self._post(request, body)
+        """The upstream call of one round, to the upstream of the turn's model (a format's loop
+        posts its own path)."""
+        return self.transport(turn.chat.model).post_chat(request.headers, body, drop=self._drop,
+                                                          tenant_key=request.get(UPSTREAM_KEY, ""))
 
     def _reader(self, turn: Turn, up):
-        return self.upstream.reader(up)
+        return self.transport(turn.chat.model).reader(up)
 
     async def _call_json(self, request: web.Request, turn: Turn, messages: list[dict], with_recall: bool):
         """One non-streaming round: (status, reason, payload, headers), or None when the
@@ -288,9 +291,9 @@ class RecallLoop:
             with_recall = self._with_recall(turn)
             body = self._body(turn, messages, with_recall, stream=True)
             t0 = time.perf_counter()
-            async with self._post(request, body) as up:
+            async with self._open(turn, request, body) as up:
                 turn.timing.waiting(t0)
-                reader = self.upstream.reader(up)
+                reader = self._reader(turn, up)
                 if up.status != 200 or "text/event-stream" not in up.headers.get("Content-Type", ""):
                     payload = await reader.read()
                     if relay.response is None and with_recall and self._refused_tools(turn, up.status, payload):

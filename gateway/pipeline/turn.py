@@ -106,6 +106,7 @@ class Turn:
     status: int = 502  # what the client was told (the error's status after a failed stream)
     failure: GatewayError | None = None  # a failure told inside an already-started stream
     route: str = ROUTE  # the API the client spoke: chat, responses, messages
+    upstream: str = "default"  # the name of the upstream that served it (gateway/http/routing.py)
 
 
 class TurnRecorder:
@@ -189,9 +190,9 @@ class TurnRecorder:
         self.bill(turn)
         self.direct(turn)
         elapsed = time.perf_counter() - turn.timing.started
-        m.requests.labels(turn.route, turn.model_label, str(turn.status)).inc()
+        m.requests.labels(turn.route, turn.model_label, str(turn.status), turn.upstream).inc()
         m.request_seconds.labels(turn.route, turn.model_label).observe(elapsed)
-        m.upstream_seconds.labels(turn.route, turn.model_label).observe(turn.timing.upstream)
+        m.upstream_seconds.labels(turn.route, turn.model_label, turn.upstream).observe(turn.timing.upstream)
         m.overhead_seconds.labels(turn.route).observe(max(0.0, elapsed - turn.timing.upstream))
         view = turn.view
         if view.client_tokens:

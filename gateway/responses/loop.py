@@ -33,10 +33,9 @@ class ResponsesRecallLoop(RecallLoop):
     """``RecallLoop`` with Responses bodies, answers and streams; ``record`` is the pipeline's
     (the answer into the ledger, its response id remembered)."""
 
-    def __init__(self, *, record, transport, **kw) -> None:
-        super().__init__(**kw)
+    def __init__(self, *, record, **kw) -> None:
+        super().__init__(**kw)  # transport: ResponsesPipeline.transport, the upstream or it through chat
         self.record = record  # ResponsesPipeline.record: the answer into the ledger, its id remembered
-        self.transport = transport  # ResponsesPipeline.transport: the upstream, or it through chat
 
     def _body(self, turn: Turn, messages: list[dict], with_recall: bool, stream: bool) -> bytes:
         tools = turn.view.tools if with_recall else turn.chat.body.get("tools")
@@ -49,9 +48,6 @@ class ResponsesRecallLoop(RecallLoop):
     def _open(self, turn: Turn, request: web.Request, body: bytes):
         return self.transport(turn.chat.model).post(PATH, request.headers, body, drop=self._drop,
                                                     tenant_key=request.get(UPSTREAM_KEY, ""))
-
-    def _reader(self, turn: Turn, up):
-        return self.transport(turn.chat.model).reader(up)
 
     def _calls(self, output: list, names: tuple[str, str]) -> tuple[list[dict], bool]:
         """The recall calls of an output (as neutral tool calls) and whether it also calls a

@@ -81,6 +81,7 @@ class ResponsesWatch(StreamWatch):
 class ResponsesPipeline(WirePipeline):
     route = ROUTE
     path = PATH
+    through_chat = ChatUpstream  # a model configured with api = "chat"
 
     def __init__(self, *, response_ids: ResponseIds, compactor, **parts) -> None:
         super().__init__(**parts)
@@ -172,9 +173,10 @@ class ResponsesPipeline(WirePipeline):
         _, tenant, chat, ids = await self.start(request)
         ref = self.identity.session(request, tenant, ids[0] if ids else None)
         if ref is None or not ids:
-            async with self.upstream.post(PATH + "/compact", request.headers, chat.raw, drop=self._drop,
-                                          tenant_key=request.get(UPSTREAM_KEY, "")) as up:
-                payload = await self.upstream.reader(up).read()
+            upstream = self.upstream.for_model(chat.model)
+            async with upstream.post(PATH + "/compact", request.headers, chat.raw, drop=self._drop,
+                                     tenant_key=request.get(UPSTREAM_KEY, "")) as up:
+                payload = await upstream.reader(up).read()
                 return web.Response(status=up.status, reason=up.reason, body=payload,
                                     headers=response_headers(up.headers, decoded=True))
         await self.admit(request, chat, ids, ref)
@@ -183,14 +185,6 @@ class ResponsesPipeline(WirePipeline):
         return web.json_response(self.compactor.compacted(chat, item), headers={"x-request-id": request.get(REQUEST_ID, "")})
 
     # -- forwarding --------------------------------------------------------------------------
-
-    def transport(self, model: str):
-        """The upstream, or the upstream seen through Chat Completions for a model configured
-        with ``api = "chat"``."""
-        configured = self.settings.models.get(model)
-        if configured is not None and configured.api == "chat":
-            return ChatUpstream(self.upstream)
-        return self.upstream
 
     def render(self, turn: Turn) -> bytes:
         return orjson.dumps(fmt.render_body(turn.chat, turn.view.messages, turn.view.tools))
