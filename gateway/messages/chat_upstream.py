@@ -3,7 +3,9 @@
 The Messages half of ``gateway/pipeline/chat_transport.py``, so Claude Code runs on any
 OpenAI-compatible model: the Messages body (the client's, or the view the gateway rendered) is
 read into the neutral model (``adapter.to_neutral``) and written as Chat Completions: ``system``
-and system messages as system messages, ``tool_use`` blocks as tool calls, each ``tool_result``
+and the system messages before the first turn as system messages (one inside the conversation as
+a ``<system-reminder>`` in the tool result or user turn it follows: chat templates take system
+messages only first), ``tool_use`` blocks as tool calls, each ``tool_result``
 block as a tool message right after them, text and images as content parts, client tools as
 function tools, ``tool_choice`` and ``stop_sequences`` in their chat form. The answer comes back
 as a Messages ``message`` (``tool_use`` blocks with the parsed arguments, the stop reason and the
@@ -52,9 +54,9 @@ def chat_body(body: dict) -> tuple[dict, dict[str, int]]:
         messages.append({"role": "system", "content": fmt.system_text(message.get("content"))})
     _, history = fmt.to_neutral(body.get("messages") or [])
     for item in history:
-        messages.append(chat_message(item, dropped))
+        _add(messages, chat_message(item, dropped))
         for after in (item.get("wire") or {}).get("after") or ():
-            messages.append({"role": "system", "content": fmt.system_text(after.get("content"))})
+            _system_inside(messages, fmt.system_text(after.get("content")))
     out: dict = {"model": body.get("model"), "messages": messages}
     if isinstance(body.get("max_tokens"), int):
         out["max_tokens"] = body["max_tokens"]
@@ -90,6 +92,36 @@ def chat_body(body: dict) -> tuple[dict, dict[str, int]]:
     if out.get("stream"):
         out["stream_options"] = {"include_usage": True}
     return out, dropped
+
+
+def _add(messages: list[dict], message: dict) -> None:
+    """Append `message`, merged into the one before when both are user turns."""
+    last = messages[-1] if messages else None
+    if last is None or last["role"] != "user" or message["role"] != "user":
+        messages.append(message)
+        return
+    parts = [*_as_parts(last["content"]), *_as_parts(message["content"])]
+    last["content"] = parts
+
+
+def _system_inside(messages: list[dict], text: str) -> None:
+    """A system message inside the conversation, where a chat upstream can take it (chat
+    templates take system messages only first): as a ``<system-reminder>`` (what Claude Code
+    calls the harness's own text) at the end of the tool result or user turn it follows, else
+    as a user turn of its own. The model's next turn still answers what came before it."""
+    if not text:
+        return
+    reminder = text if text.lstrip().startswith("<system-reminder>") else f"<system-reminder>\n{text}\n</system-reminder>"
+    if messages and messages[-1]["role"] == "tool":
+        messages[-1]["content"] = f"{messages[-1]['content']}\n\n{reminder}"
+        return
+    _add(messages, {"role": "user", "content": reminder})
+
+
+def _as_parts(content) -> list[dict]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    return list(content or ())
 
 
 def _parts(content, dropped: dict[str, int], *, images: bool = True) -> str | list[dict]:
