@@ -128,7 +128,7 @@ class ResponsesPipeline(WirePipeline):
             return None, []
         found = self.response_ids.find(previous)
         if found is None:
-            if self.upstream.uses_operator_key(request.get(UPSTREAM_KEY, "")):
+            if self.upstream.for_model(chat.model).uses_operator_key(request.get(UPSTREAM_KEY, "")):
                 # On the operator's account every tenant's stored responses meet: only ids the
                 # gateway knows to be this tenant's may be continued there.
                 raise self._not_found(previous)

@@ -283,3 +283,19 @@ async def test_an_operator_key_of_a_named_upstream_makes_client_keys_required(tm
                 assert r.status == 401
     finally:
         await runner.cleanup()
+
+
+async def test_an_unknown_previous_response_id_is_judged_by_the_key_of_its_models_upstream(two):
+    a, b, _, start = two
+    _, root = await start(upstreams={"b": {"base_url": b.base_url, "models": ["claude-*"]}})  # B: no operator key
+    body = {"model": "claude-b", "input": "hi", "previous_response_id": "resp_unknown"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(root + "/v1/responses", json={**body, "model": "gpt-a"},
+                             headers={"Authorization": "Bearer pk-zed"}) as r:
+            assert r.status == 400  # A on the operator's key: only the tenant's own ids may continue
+            assert (await r.json())["error"]["code"] == "previous_response_not_found"
+        async with http.post(root + "/v1/responses", json=body, headers={"Authorization": "Bearer pk-zed"}) as r:
+            await r.read()
+        # B has no operator key: the client's own credential goes, and the provider decides.
+    assert [r["json"]["previous_response_id"] for r in b.received if r["path"] == "/v1/responses"] == ["resp_unknown"]
+    assert not [r for r in a.received if r["path"] == "/v1/responses"]
