@@ -185,17 +185,12 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                                auto_timeout_s=settings.recall.auto_timeout_s)
     loop_parts = dict(upstream=upstream, session_header=settings.session.header, views=views, tools=recall_tools,
                       recorder=recorder, max_rounds=settings.recall.max_rounds, metrics=metrics)
-    recall = RecallLoop(**loop_parts)
     quota = StorageQuota(ledger, settings.store.max_stored_mb,
                          {name: t.max_stored_mb for name, t in settings.tenant_table().items()})
-    pipeline = ChatPipeline(
-        settings=settings, upstream=upstream, ledger=ledger, identity=app[IDENTITY], metrics=metrics,
-        views=views, recall=recall, recorder=recorder, quota=quota,
-    )
-    app[PIPELINE] = pipeline
-    response_ids = ResponseIds(settings.store.path)
     pipeline_parts = dict(settings=settings, upstream=upstream, ledger=ledger, identity=app[IDENTITY], metrics=metrics,
                           views=views, recorder=recorder, quota=quota)
+    app[PIPELINE] = ChatPipeline(**pipeline_parts, loop=RecallLoop(**loop_parts))
+    response_ids = ResponseIds(settings.store.path)
     responses = ResponsesPipeline(
         **pipeline_parts, response_ids=response_ids,
         compactor=Compactor(ledger=ledger, checkpoints=checkpoints, summarizer=summarizer, views=views,

@@ -47,6 +47,9 @@ class StreamWatch:
     def feed(self, event: dict) -> None:
         raise NotImplementedError
 
+    def done(self) -> None:
+        """The stream's ``data: [DONE]`` sentinel (Chat Completions ends its streams with it)."""
+
 
 class WirePipeline:
     route = "chat"
@@ -105,6 +108,10 @@ class WirePipeline:
     async def record(self, turn: Turn, tenant: str | None = None) -> None:
         await self.recorder.answer(turn)
 
+    def recalls(self, turn: Turn) -> bool:
+        """Whether the recall loop serves this turn (its view carries the recall tools)."""
+        return turn.view.recall_names is not None
+
     # -- shared steps --------------------------------------------------------------------------
 
     async def parsed(self, raw: bytes):
@@ -143,6 +150,10 @@ class WirePipeline:
             turn.headers["x-palimpsest-prompt-tokens-upstream"] = str(view.upstream_tokens)
             if view.checkpoint:
                 turn.headers["x-palimpsest-checkpoint"] = view.checkpoint
+            if view.truncated_tool_results:
+                turn.headers["x-palimpsest-truncated-tool-results"] = str(view.truncated_tool_results)
+            if view.truncated_last_message:
+                turn.headers["x-palimpsest-truncated-last-message"] = "true"
         return turn
 
     async def start(self, request: web.Request):
@@ -168,7 +179,7 @@ class WirePipeline:
         """The recall loop when the view carries recall tools, else the plain relay; observed
         and logged whatever happens."""
         try:
-            if turn.view.recall_names is not None:
+            if self.recalls(turn):
                 response = await self.loop.respond(request, turn)
             else:
                 response = await self.relay(request, turn)
@@ -183,6 +194,8 @@ class WirePipeline:
             view = turn.view
             request[LOG_FIELDS] = {"tokens_client": view.client_tokens, "tokens_upstream": view.upstream_tokens,
                                    "upstream_ms": round(turn.timing.upstream * 1000, 2), "recall_calls": turn.recall_calls}
+            if turn.failure is not None:  # the status line said 200; the stream ended with this error
+                request[LOG_FIELDS]["stream_error"] = turn.failure.code
 
     # -- the plain relay -----------------------------------------------------------------------
 
@@ -208,6 +221,9 @@ class WirePipeline:
                     turn.timing.waiting(t0)
                     if up.status == 200:
                         self._learn_payload(turn, payload)
+                        self.recorder.bill(turn)
+                        if turn.billed is not None:  # known before the body goes out: JSON answers only
+                            headers["x-palimpsest-cached-tokens"] = str(turn.billed.cached)
                     response = web.Response(status=up.status, reason=up.reason, body=payload, headers=headers)
                     await self.record(turn, request.get(TENANT))  # durable before the client has it
                     await response.prepare(request)
@@ -239,6 +255,9 @@ class WirePipeline:
                 return watch
             await response.write(chunk)
             for data in decoder.feed(chunk):
+                if data == "[DONE]":
+                    watch.done()
+                    continue
                 try:
                     event = orjson.loads(data)
                 except orjson.JSONDecodeError:

@@ -264,10 +264,14 @@ class RecallLoop:
             headers["x-palimpsest-cached-tokens"] = str(turn.billed.cached)
         response = web.Response(status=status, reason=reason, body=payload, headers=headers)
         if record:
-            await self.recorder.answer(turn)  # durable before the client has it
+            await self.record(turn)  # durable before the client has it
         await response.prepare(request)
         await response.write_eof()
         return response
+
+    async def record(self, turn: Turn) -> None:
+        """The complete answer into the ledger (a format's loop may remember more, e.g. its id)."""
+        await self.recorder.answer(turn)
 
     # -- streaming ---------------------------------------------------------------------------
 

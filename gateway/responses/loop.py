@@ -25,7 +25,7 @@ from gateway.http.sse import SSEDecoder
 from gateway.http.upstream import response_headers
 from gateway.keys import UPSTREAM_KEY
 from gateway.responses.pipeline import PATH, answer_of, chat_usage, end_stream_with_error
-from gateway.responses.stream import TERMINAL, ResponseStreamFilter, add_usage, is_recall_item, visible_output
+from gateway.responses.stream import TERMINAL, ResponseStreamFilter, add_usage, as_sent, is_recall_item, visible_output
 from policies.messages import tool_calls
 
 
@@ -91,6 +91,7 @@ class ResponsesRecallLoop(RecallLoop):
                 messages = await self._recall_round(turn, messages, data["output"], calls)
                 continue
             data["output"] = visible_output(data["output"], names)
+            data = as_sent(data, turn.chat.body.get("tools"))
             if first_id:
                 data["id"] = first_id
             if usage_total is not None:
@@ -102,22 +103,12 @@ class ResponsesRecallLoop(RecallLoop):
             turn.usage = chat_usage(usage_total)
             return await self._send(request, turn, status, reason, orjson.dumps(data), headers, record=True)
 
-    async def _send(self, request, turn, status, reason, payload, headers, record=False) -> web.StreamResponse:
-        headers.update(turn.headers)
-        headers["x-palimpsest-recall-calls"] = str(turn.recall_calls)
-        response = web.Response(status=status, reason=reason, body=payload, headers=headers)
-        if record:
-            await self.record(turn)
-        await response.prepare(request)
-        await response.write_eof()
-        return response
-
     # -- streaming ---------------------------------------------------------------------------
 
     async def _stream(self, request: web.Request, turn: Turn) -> web.StreamResponse:
         names = turn.view.recall_names
         messages = list(turn.view.messages)
-        relay = ResponseStreamFilter(names)
+        relay = ResponseStreamFilter(names, turn.chat.body.get("tools"))
         response: web.StreamResponse | None = None
         try:
             while True:

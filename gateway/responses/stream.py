@@ -50,6 +50,14 @@ def add_usage(total: dict | None, usage: Any) -> dict | None:
     return out
 
 
+def as_sent(response: dict, client_tools: Any) -> dict:
+    """A response object as the client's own request would have it echoed: the API repeats the
+    request's ``tools``, and the view's carried the recall tools the client never declared."""
+    if "tools" in response:
+        response = {**response, "tools": client_tools if isinstance(client_tools, list) else []}
+    return response
+
+
 def is_recall_item(item: Any, names: tuple[str, str] | None) -> bool:
     return bool(names) and isinstance(item, dict) and item.get("type") == "function_call" and item.get("name") in names
 
@@ -76,8 +84,9 @@ def visible_output(output: list, names: tuple[str, str] | None) -> list[dict]:
 class ResponseStreamFilter:
     """The client's stream across the upstream calls of one turn (see the module docstring)."""
 
-    def __init__(self, names: tuple[str, str] | None) -> None:
+    def __init__(self, names: tuple[str, str] | None, client_tools: Any = None) -> None:
         self.names = names
+        self.client_tools = client_tools  # echoed in the response objects instead of the view's tools
         self.seq = 0
         self.first: dict | None = None  # the first call's response object (id, created_at, ...)
         self.visible: list[dict] = []  # client-visible items done, in client order
@@ -130,8 +139,10 @@ class ResponseStreamFilter:
         """Bytes for the client for one upstream event (b"" when nothing is told)."""
         kind = event.get("type")
         if kind in OPENING:
-            if isinstance(event.get("response"), dict) and self.first is None:
-                self.first = event["response"]
+            if isinstance(event.get("response"), dict):
+                event = {**event, "response": as_sent(event["response"], self.client_tools)}
+                if self.first is None:
+                    self.first = event["response"]
             return self._out(event) if self.rounds == 0 else b""
         if kind in TERMINAL:
             return b""  # the caller decides (another round, or the end: `finish`)
@@ -174,7 +185,7 @@ class ResponseStreamFilter:
 
     def finish(self, terminal: dict) -> bytes:
         """The client's terminal event: the first call's id, every visible item, summed usage."""
-        response = dict(terminal.get("response") or {})
+        response = as_sent(dict(terminal.get("response") or {}), self.client_tools)
         if self.first:
             for key in ("id", "created_at"):
                 if key in self.first:
