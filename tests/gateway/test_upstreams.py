@@ -299,3 +299,18 @@ async def test_an_unknown_previous_response_id_is_judged_by_the_key_of_its_model
         # B has no operator key: the client's own credential goes, and the provider decides.
     assert [r["json"]["previous_response_id"] for r in b.received if r["path"] == "/v1/responses"] == ["resp_unknown"]
     assert not [r for r in a.received if r["path"] == "/v1/responses"]
+
+
+async def test_the_access_log_names_the_upstream(two, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="palimpsest.access")
+    _, _, _, start = two
+    _, root = await start(models={"gpt-a": {}, "claude-b": {}})  # configured: their own model labels
+    async with aiohttp.ClientSession() as http:
+        for kind in ("chat", "responses", "messages"):
+            for model in MODELS.values():
+                status, _, _ = await _send(http, root, kind, model, "zed", False, f"log-{kind}-{model}")
+                assert status == 200
+    lines = [r.fields for r in caplog.records if r.name == "palimpsest.access" and r.fields.get("model")]
+    assert {(f["model"], f["upstream"]) for f in lines} == {("gpt-a", "default"), ("claude-b", "b")}
