@@ -34,10 +34,8 @@ from gateway.pipeline.turn import TurnRecorder
 from gateway.jobs.indexer import Indexer
 from gateway.recall.tools import RecallTools
 from gateway.keys import INDEXER, CHECKPOINTS, COUNTER, IDENTITY, LEDGER, MESSAGES, METRICS, PIPELINE, RESPONSES, SETTINGS, SUMMARIZER, TURNS, UPSTREAM
-from gateway.messages.loop import MessagesRecallLoop
 from gateway.messages.pipeline import MessagesPipeline
 from gateway.responses.compaction import Compactor
-from gateway.responses.loop import ResponsesRecallLoop
 from gateway.responses.pipeline import ResponsesPipeline
 from gateway.responses.stored import stored_response
 from store.response_ids import ResponseIds
@@ -183,23 +181,22 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                                auto_tokens=settings.recall.auto_tokens,
                                auto_placement=settings.recall.auto_placement,
                                auto_timeout_s=settings.recall.auto_timeout_s)
-    loop_parts = dict(upstream=upstream, session_header=settings.session.header, views=views, tools=recall_tools,
-                      recorder=recorder, max_rounds=settings.recall.max_rounds, metrics=metrics)
+    # One recall loop for every format: each pipeline is its adapter (gateway/pipeline/adapter.py).
+    recall = RecallLoop(session_header=settings.session.header, views=views, tools=recall_tools, recorder=recorder,
+                        max_rounds=settings.recall.max_rounds, metrics=metrics)
     quota = StorageQuota(ledger, settings.store.max_stored_mb,
                          {name: t.max_stored_mb for name, t in settings.tenant_table().items()})
     pipeline_parts = dict(settings=settings, upstream=upstream, ledger=ledger, identity=app[IDENTITY], metrics=metrics,
-                          views=views, recorder=recorder, quota=quota)
-    app[PIPELINE] = ChatPipeline(**pipeline_parts, loop=RecallLoop(**loop_parts))
+                          views=views, recorder=recorder, quota=quota, loop=recall)
+    app[PIPELINE] = ChatPipeline(**pipeline_parts)
     response_ids = ResponseIds(settings.store.path)
     responses = ResponsesPipeline(
         **pipeline_parts, response_ids=response_ids,
         compactor=Compactor(ledger=ledger, checkpoints=checkpoints, summarizer=summarizer, views=views,
                             secret=response_ids.secret()),
     )
-    responses.loop = ResponsesRecallLoop(record=responses.record, **loop_parts, transport=responses.transport)
     app[RESPONSES] = responses
     messages = MessagesPipeline(**pipeline_parts)
-    messages.loop = MessagesRecallLoop(**loop_parts, transport=messages.transport)
     app[MESSAGES] = messages
     app[INDEXER] = indexer
     flusher = asyncio.create_task(_flush_answers(ledger, turns), name="ledger-flush")

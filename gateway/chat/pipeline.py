@@ -21,11 +21,11 @@ from __future__ import annotations
 from aiohttp import web
 
 from gateway.chat.adapter import parse_and_hash
+from gateway.chat.recall import RECALL, body_without_recall
 from gateway.http.errors import GatewayError
 from gateway.http.sse import StreamAssembler, end_with_error
 from gateway.keys import PIPELINE
 from gateway.pipeline.pipeline import StreamWatch, WirePipeline
-from gateway.pipeline.recall_loop import body_without_recall
 from gateway.pipeline.turn import Turn, clean_usage
 
 
@@ -62,6 +62,7 @@ class ChatWatch(StreamWatch):
 class ChatPipeline(WirePipeline):
     route = "chat"
     path = "/v1/chat/completions"
+    recall_format = RECALL
 
     def parse_and_hash(self, raw: bytes):
         return parse_and_hash(raw)

@@ -10,7 +10,7 @@ model the Messages adapter parses (``gateway/messages/adapter.py``):
 4. forward (the client's bytes when the view is unchanged, else the rendered view with the
    gateway's cache breakpoints), to the upstream of the model, through Chat Completions for a
    model configured with ``api = "chat"`` (``gateway/messages/chat_upstream.py``); resolve
-   recall calls in the loop (``gateway/messages/loop.py``),
+   recall calls in the shared loop (``gateway/messages/recall.py`` reads its answers),
 5. record the answer (the blocks the client saw).
 
 Errors the gateway itself answers on these routes use Anthropic's envelope
@@ -33,7 +33,8 @@ from gateway.messages import adapter as fmt
 from gateway.messages.chat_upstream import MessagesChatUpstream
 from gateway.pipeline.pipeline import StreamWatch, WirePipeline
 from gateway.http.errors import GatewayError, UpstreamErrorEvent, anthropic_error_type
-from gateway.messages.stream import MessageAssembler, chat_usage, encode, visible_blocks
+from gateway.messages.recall import RECALL
+from gateway.messages.stream import MessageAssembler, answer_of, chat_usage, encode
 from gateway.ops.readonly import NoMetrics, NoSummaries
 from store.canonical import path_ids
 
@@ -50,14 +51,6 @@ def parse_and_hash(raw: bytes):
 def upstream_path(request: web.Request) -> str:
     """The upstream path with the client's query (Claude Code sends ``?beta=true``)."""
     return PATH + (f"?{request.query_string}" if request.query_string else "")
-
-
-def answer_of(message: dict, names: tuple[str, str] | None = None) -> dict | None:
-    """The neutral assistant item of what the client got (None for an incomplete answer)."""
-    if not isinstance(message, dict) or not isinstance(message.get("content"), list) or not message.get("stop_reason"):
-        return None
-    blocks = visible_blocks(message["content"], names)
-    return fmt.assistant_item(blocks) if blocks else None
 
 
 class MessagesWatch(StreamWatch):
@@ -80,6 +73,7 @@ class MessagesPipeline(WirePipeline):
     path = PATH
     credentials = CREDENTIALS
     through_chat = MessagesChatUpstream  # a model configured with api = "chat" (Claude Code on any model)
+    recall_format = RECALL
 
     def __init__(self, **parts) -> None:
         super().__init__(**parts)

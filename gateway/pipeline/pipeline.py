@@ -20,12 +20,13 @@ import orjson
 from aiohttp import web
 
 from gateway.pipeline import offload
+from gateway.pipeline.adapter import RecallFormat
 from gateway.pipeline.quota import StorageQuota
+from gateway.pipeline.relay import DONE, upstream_events
 from gateway.pipeline.turn import Timing, Turn, TurnRecorder
 from gateway.pipeline.views import View, ViewBuilder
 from gateway.http.errors import GatewayError, UpstreamIncomplete
 from gateway.http.identity import Identity
-from gateway.http.sse import SSEDecoder
 from gateway.http.routing import Upstreams
 from gateway.http.upstream import response_headers
 from gateway.keys import LOG_FIELDS, MODEL, REQUEST_ID, SESSION, TENANT, UPSTREAM_KEY, UPSTREAM_NAME
@@ -66,7 +67,7 @@ class WirePipeline:
         self.views = views
         self.recorder = recorder
         self.quota = quota  # per-tenant storage quotas (gateway/pipeline/quota.py)
-        self.loop = loop  # the format's RecallLoop, set by the composition root
+        self.loop = loop  # the recall loop (gateway/pipeline/recall_loop.py), one for every format
         self._drop = frozenset({settings.session.header.lower()})
 
     # -- the format's own ---------------------------------------------------------------------
@@ -107,6 +108,18 @@ class WirePipeline:
 
     async def record(self, turn: Turn, tenant: str | None = None) -> None:
         await self.recorder.answer(turn)
+
+    # The format's answers for the recall loop (its recall.py): this pipeline is the loop's adapter.
+    recall_format: RecallFormat
+
+    def recall_body(self, turn: Turn, messages: list[dict], with_recall: bool, stream: bool) -> bytes:
+        return self.recall_format.body(turn, messages, with_recall, stream)
+
+    def json_turn(self, turn: Turn):
+        return self.recall_format.json_turn(turn)
+
+    def recall_stream(self, turn: Turn):
+        return self.recall_format.stream(turn)
 
     def recalls(self, turn: Turn) -> bool:
         """Whether the recall loop serves this turn (its view carries the recall tools)."""
@@ -180,7 +193,7 @@ class WirePipeline:
         and logged whatever happens."""
         try:
             if self.recalls(turn):
-                response = await self.loop.respond(request, turn)
+                response = await self.loop.respond(request, turn, self)  # this pipeline is the loop's RecallAdapter
             else:
                 response = await self.relay(request, turn)
             if turn.failure is None:
@@ -238,32 +251,29 @@ class WirePipeline:
                 await self.record(turn, request.get(TENANT))  # durable before the stream ends
                 await response.write_eof()
         except GatewayError as exc:
-            if response is None or not response.prepared:
-                raise
-            self.recorder.failed_in_stream(turn, exc)
-            await self.end_stream(response, exc)
+            return await self.stream_failed(response, turn, exc)
+        return response
+
+    async def stream_failed(self, response: web.StreamResponse | None, turn: Turn, error: GatewayError) -> web.StreamResponse:
+        """`error` before the client's stream started goes up to the error middleware; after,
+        the answer is incomplete (not recorded) and the stream ends with the format's error event."""
+        if response is None or not response.prepared:
+            raise error
+        self.recorder.failed_in_stream(turn, error)
+        await self.end_stream(response, error)
         return response
 
     async def _pump(self, reader, response: web.StreamResponse, turn: Turn) -> StreamWatch:
         """Relay the upstream's bytes as they come; the answer read on the side."""
-        decoder, watch = SSEDecoder(), self.watch()
-        while True:
-            t0 = time.perf_counter()
-            chunk = await reader.chunk()
-            turn.timing.waiting(t0)
-            if not chunk:
-                return watch
+        watch = self.watch()
+        async for chunk, events in upstream_events(reader, turn.timing):
             await response.write(chunk)
-            for data in decoder.feed(chunk):
-                if data == "[DONE]":
+            for event in events:
+                if event is DONE:
                     watch.done()
-                    continue
-                try:
-                    event = orjson.loads(data)
-                except orjson.JSONDecodeError:
-                    continue
-                if isinstance(event, dict):
+                else:
                     watch.feed(event)
+        return watch
 
     def _learn_payload(self, turn: Turn, payload: bytes) -> None:
         try:

@@ -29,7 +29,8 @@ from gateway.http.errors import BadRequest, GatewayError, NotFound
 from gateway.http.upstream import response_headers
 from gateway.keys import REQUEST_ID, UPSTREAM_KEY
 from gateway.responses.chat_upstream import ChatUpstream
-from gateway.responses.stream import TERMINAL, encode
+from gateway.responses.recall import RECALL
+from gateway.responses.stream import TERMINAL, answer_of, chat_usage, encode
 from store import call as store_call
 from store.canonical import event_id, path_ids
 from store.records import SessionRef
@@ -37,32 +38,6 @@ from store.response_ids import ResponseIds
 
 ROUTE = "responses"
 PATH = "/v1/responses"
-
-
-def chat_usage(usage) -> dict | None:
-    """Responses usage in the chat shape the recorder, metrics and calibration read."""
-    if not isinstance(usage, dict):
-        return None
-    out = {"prompt_tokens": usage.get("input_tokens"), "completion_tokens": usage.get("output_tokens"),
-           "total_tokens": usage.get("total_tokens")}
-    if isinstance(usage.get("input_tokens_details"), dict):
-        out["prompt_tokens_details"] = usage["input_tokens_details"]
-    if isinstance(usage.get("output_tokens_details"), dict):
-        out["completion_tokens_details"] = usage["output_tokens_details"]
-    return clean_usage(out)
-
-
-def answer_of(response: dict, names: tuple[str, str] | None = None) -> dict | None:
-    """The neutral assistant item for a completed response's output (what the client got)."""
-    from gateway.responses.stream import visible_output
-
-    if not isinstance(response, dict) or response.get("status") not in (None, "completed"):
-        return None
-    output = response.get("output")
-    if not isinstance(output, list):
-        return None
-    items = visible_output(output, names)
-    return fmt.assistant_item(items) if items else None
 
 
 def parse_and_hash(raw: bytes):
@@ -82,6 +57,7 @@ class ResponsesPipeline(WirePipeline):
     route = ROUTE
     path = PATH
     through_chat = ChatUpstream  # a model configured with api = "chat"
+    recall_format = RECALL
 
     def __init__(self, *, response_ids: ResponseIds, compactor, **parts) -> None:
         super().__init__(**parts)

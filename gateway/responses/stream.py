@@ -20,6 +20,9 @@ from typing import Any
 
 import orjson
 
+from gateway.pipeline.turn import clean_usage
+from gateway.responses import adapter as fmt
+
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 OPENING = frozenset({"response.created", "response.in_progress", "response.queued"})
 
@@ -194,3 +197,27 @@ class ResponseStreamFilter:
         if self.usage is not None:
             response["usage"] = self.usage
         return self._out({**terminal, "response": response})
+
+
+def chat_usage(usage) -> dict | None:
+    """Responses usage in the chat shape the recorder, metrics and calibration read."""
+    if not isinstance(usage, dict):
+        return None
+    out = {"prompt_tokens": usage.get("input_tokens"), "completion_tokens": usage.get("output_tokens"),
+           "total_tokens": usage.get("total_tokens")}
+    if isinstance(usage.get("input_tokens_details"), dict):
+        out["prompt_tokens_details"] = usage["input_tokens_details"]
+    if isinstance(usage.get("output_tokens_details"), dict):
+        out["completion_tokens_details"] = usage["output_tokens_details"]
+    return clean_usage(out)
+
+
+def answer_of(response: dict, names: tuple[str, str] | None = None) -> dict | None:
+    """The neutral assistant item for a completed response's output (what the client got)."""
+    if not isinstance(response, dict) or response.get("status") not in (None, "completed"):
+        return None
+    output = response.get("output")
+    if not isinstance(output, list):
+        return None
+    items = visible_output(output, names)
+    return fmt.assistant_item(items) if items else None
