@@ -33,7 +33,9 @@ from gateway.pipeline.recall_loop import RecallLoop
 from gateway.pipeline.turn import TurnRecorder
 from gateway.jobs.indexer import Indexer
 from gateway.recall.tools import RecallTools
-from gateway.keys import INDEXER, CHECKPOINTS, COUNTER, IDENTITY, LEDGER, MESSAGES, METRICS, PIPELINE, RESPONSES, SETTINGS, SUMMARIZER, TURNS, UPSTREAM
+from gateway.keys import (INDEXER, CHECKPOINTS, COUNTER, IDENTITY, LEDGER, MESSAGES, METRICS, PIPELINE, RECEIPTS, RESPONSES,
+                          SETTINGS, SUMMARIZER, TURNS, UPSTREAM)
+from gateway.ops.receipts import client_receipt
 from gateway.messages.pipeline import MessagesPipeline
 from gateway.responses.compaction import Compactor
 from gateway.responses.pipeline import ResponsesPipeline
@@ -127,6 +129,7 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_route("GET", "/v1/responses/{response_id}", stored_response)
     app.router.add_route("DELETE", "/v1/responses/{response_id}", stored_response)
     app.router.add_route("GET", "/v1/responses/{response_id}/{tail:input_items}", stored_response)
+    app.router.add_get("/v1/palimpsest/receipts/{receipt_id}", client_receipt)  # the gateway's own: never forwarded
     app.router.add_route("*", "/v1/{tail:.*}", passthrough)
     setup_admin(app)
     return app
@@ -174,8 +177,9 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     indexer = Indexer(ledger, lambda: open_index(settings, upstream), batch_s=settings.recall.index_batch_s)
     turns = TurnLog(settings.store.path, synchronous=settings.store.sync)  # what each request was built on
     app[TURNS] = turns
+    app[RECEIPTS] = turns  # each request's receipt, kept as long as its session (gateway/ops/receipts.py)
     recorder = TurnRecorder(ledger=ledger, metrics=metrics, summaries=summarizer, indexer=indexer, calibration=calibration,
-                            turns=turns)
+                            turns=turns, views=views, receipts=turns)
     recall_tools = RecallTools(ledger, indexer, metrics, settings.recall.search_limit,
                                passage_tokens=settings.recall.passage_tokens,
                                auto_tokens=settings.recall.auto_tokens,

@@ -224,6 +224,8 @@ class TenantSettings(_Section):
         default_factory=dict, description="Provider keys of this tenant on named upstreams: NAME = key, used instead of "
         "upstreams.NAME.api_key; a key goes only to the upstream it is named for.")
     max_stored_mb: float | None = Field(None, gt=0, description="Ledger storage quota for this tenant (default store.max_stored_mb).")
+    bypass: bool = Field(False, description="Send this tenant's requests upstream untouched (still recorded), "
+                         "as x-palimpsest-bypass: 1 does for one request.")
 
 
 class LogSettings(_Section):
@@ -403,6 +405,12 @@ def example_toml() -> str:
         '# upstream_key = "sk-provider-beta-..."   # for [upstream]',
         '# upstream_keys = { anthropic = "sk-ant-beta-..." }   # per [upstreams.NAME]; each goes only to its upstream',
         "# max_stored_mb = 500",
+        "# A tenant whose requests all go upstream untouched, still recorded (default false; the header",
+        "# x-palimpsest-bypass: 1 asks the same for one request): a control group, or a client that",
+        "# must see the provider exactly.",
+        "# [tenants.control]",
+        '# key = "pk-control-..."',
+        "# bypass = true",
         "",
         "# Policy overrides, applied in order to requests whose model and/or session id match the",
         "# globs (later wins). Any [policy] key may be set.",

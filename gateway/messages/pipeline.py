@@ -94,6 +94,16 @@ class MessagesPipeline(WirePipeline):
     def watch(self) -> StreamWatch:
         return MessagesWatch()
 
+    def wire_count(self, turn: Turn) -> int | None:
+        """The first upstream body re-read: its system blocks are one instruction, and consecutive
+        user-side items one user message, where the neutral view holds them apart."""
+        view = turn.view
+        tools = turn.chat.body.get("tools") if turn.recall_refused or view.tools is None else view.tools
+        body = fmt.render_body(turn.chat, view.messages, tools)
+        sent = fmt.parse_messages_request(orjson.dumps(body))
+        counter = self.views.counter
+        return counter.count_messages([*sent.instructions, *sent.history]) + self.views.tool_tokens(sent, body.get("tools"))
+
     async def end_stream(self, response: web.StreamResponse, error: GatewayError) -> None:
         await end_stream_with_error(response, error)
 

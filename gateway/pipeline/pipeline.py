@@ -21,6 +21,7 @@ from aiohttp import web
 
 from gateway.pipeline import offload
 from gateway.pipeline.adapter import RecallFormat
+from gateway.pipeline.bypass import BYPASS_HEADER, bypass_reason
 from gateway.pipeline.quota import StorageQuota
 from gateway.pipeline.relay import DONE, upstream_events
 from gateway.pipeline.turn import Timing, Turn, TurnRecorder
@@ -29,6 +30,7 @@ from gateway.http.errors import GatewayError, UpstreamIncomplete
 from gateway.http.identity import Identity
 from gateway.http.routing import Upstreams
 from gateway.http.upstream import response_headers
+from gateway.ops.receipts import RECEIPT_HEADER, new_receipt_id
 from gateway.keys import LOG_FIELDS, MODEL, REQUEST_ID, SESSION, TENANT, UPSTREAM_KEY, UPSTREAM_NAME
 from gateway.settings import DEFAULT_UPSTREAM
 from store import call as store_call
@@ -68,7 +70,8 @@ class WirePipeline:
         self.recorder = recorder
         self.quota = quota  # per-tenant storage quotas (gateway/pipeline/quota.py)
         self.loop = loop  # the recall loop (gateway/pipeline/recall_loop.py), one for every format
-        self._drop = frozenset({settings.session.header.lower()})
+        self._drop = frozenset({settings.session.header.lower(), BYPASS_HEADER})
+        self._bypass_tenants = frozenset(name for name, t in settings.tenant_table().items() if t.bypass)
 
     # -- the format's own ---------------------------------------------------------------------
 
@@ -96,6 +99,11 @@ class WirePipeline:
 
     # The format's translation for a chat-only model (a ``chat_transport.ChatTransport``), or None.
     through_chat = None
+
+    def wire_count(self, turn: Turn) -> int | None:
+        """The prompt tokens of the turn's first upstream body as this format's adapter reads it
+        back, when that differs from counting the neutral view (the receipt itemises it)."""
+        return None
 
     def transport(self, model: str):
         """The upstream client for `model` (``post`` and ``reader``): the upstream that serves it,
@@ -153,11 +161,21 @@ class WirePipeline:
     async def view(self, chat, ref: SessionRef | None, auth) -> View:
         return await offload.build_view(self.views, chat, ref, auth) if ref is not None and chat.ids else View()
 
-    def turn(self, request: web.Request, chat, ref: SessionRef | None, timing: Timing, view: View, auth) -> Turn:
-        turn = Turn(chat, ref, request[MODEL], timing, view, auth=auth, route=self.route,
-                    upstream=request.get(UPSTREAM_NAME, DEFAULT_UPSTREAM))
+    def bypass(self, request: web.Request, tenant: str) -> str | None:
+        """Why this request goes upstream untouched (gateway/pipeline/bypass.py), counted."""
+        reason = bypass_reason(request, tenant, self._bypass_tenants)
+        if reason is not None:
+            self.metrics.bypassed.labels(self.route, reason).inc()
+        return reason
+
+    def turn(self, request: web.Request, chat, ref: SessionRef | None, timing: Timing, view: View, auth,
+             bypass: str | None = None) -> Turn:
+        turn = Turn(chat, ref, request[MODEL], timing, view, auth=auth, route=self.route, bypass=bypass,
+                    wire_count=self.wire_count, upstream=request.get(UPSTREAM_NAME, DEFAULT_UPSTREAM))
         turn.headers["x-request-id"] = request.get(REQUEST_ID, "")
         if ref is not None:
+            turn.receipt = new_receipt_id()
+            turn.headers[RECEIPT_HEADER] = turn.receipt
             turn.headers["x-palimpsest-session"] = ref.session_id
             turn.headers["x-palimpsest-prompt-tokens-client"] = str(view.client_tokens)
             turn.headers["x-palimpsest-prompt-tokens-upstream"] = str(view.upstream_tokens)
@@ -181,12 +199,13 @@ class WirePipeline:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         timing, tenant, chat, ids = await self.start(request)
+        bypass = self.bypass(request, tenant)
         ref = self.identity.session(request, tenant, ids[0] if ids else None)
         await self.admit(request, chat, ids, ref)
         auth = self.auth(request)
-        view = await self.view(chat, ref, auth)
+        view = View() if bypass else await self.view(chat, ref, auth)
         await self.sync(request, chat, ids, ref)
-        return await self.serve(request, self.turn(request, chat, ref, timing, view, auth))
+        return await self.serve(request, self.turn(request, chat, ref, timing, view, auth, bypass))
 
     async def serve(self, request: web.Request, turn: Turn) -> web.StreamResponse:
         """The recall loop when the view carries recall tools, else the plain relay; observed

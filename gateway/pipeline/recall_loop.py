@@ -33,6 +33,7 @@ from gateway.http.errors import GatewayError, UpstreamIncomplete, UpstreamUnreac
 from gateway.http.upstream import response_headers
 from gateway.keys import TENANT, UPSTREAM_KEY
 from gateway.pipeline.adapter import RecallAdapter, Reply
+from gateway.pipeline.bypass import BYPASS_HEADER
 from gateway.pipeline.relay import DONE, upstream_events
 from gateway.pipeline.turn import Turn, TurnRecorder, clean_usage
 from gateway.pipeline.views import ViewBuilder
@@ -51,7 +52,7 @@ class RecallLoop:
         self.recorder = recorder
         self.max_rounds = max_rounds
         self.metrics = metrics
-        self._drop = frozenset({session_header.lower()})
+        self._drop = frozenset({session_header.lower(), BYPASS_HEADER})  # the gateway's own headers stay here
         self.tool_less: set[str] = set()  # models whose upstream refused the recall tools (this process)
 
     async def respond(self, request: web.Request, turn: Turn, adapter: RecallAdapter) -> web.StreamResponse:
@@ -122,6 +123,8 @@ class RecallLoop:
         if usage:
             billed = self.metrics.costs.call(turn.chat.model, turn.model_label,
                                              "recall" if turn.recall_rounds > 0 else "client", usage)
+            if turn.billed is None:
+                turn.first_prompt_tokens = billed.prompt
             turn.billed = billed if turn.billed is None else turn.billed + billed
             turn.answer_output = billed.output
         if usage and turn.recall_rounds > 0:

@@ -25,6 +25,7 @@ from aiohttp import web
 from gateway.pipeline.turn import Turn, clean_usage
 from gateway.responses import adapter as fmt
 from gateway.pipeline.pipeline import StreamWatch, WirePipeline
+from gateway.pipeline.views import View
 from gateway.http.errors import BadRequest, GatewayError, NotFound
 from gateway.http.upstream import response_headers
 from gateway.keys import REQUEST_ID, UPSTREAM_KEY
@@ -69,14 +70,17 @@ class ResponsesPipeline(WirePipeline):
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         timing, tenant, chat, ids = await self.start(request)
+        bypass = self.bypass(request, tenant)
         ref, prefix = await self._continued(request, chat, tenant)
         if prefix:
             chat.history = [*prefix, *chat.history]
             ids = path_ids(chat.history)
         if ref is None:
             ref = self.identity.session(request, tenant, ids[0] if ids else None)
-        rewritten = bool(prefix)  # the history is not the client's input as it came: always rendered
-        if self.compactor.ours(chat):
+        # The history is not the client's input as it came: always rendered (a bypassed request
+        # goes as it came, previous_response_id and all: the provider holds that chain too).
+        rewritten = bool(prefix) and not bypass
+        if self.compactor.ours(chat):  # a gateway compaction item is unreadable upstream, bypass or not
             rewritten = True
             ref = ref or await self._compacted_session(chat, tenant)
             try:
@@ -86,15 +90,15 @@ class ResponsesPipeline(WirePipeline):
             ids = path_ids(chat.history)
         await self.admit(request, chat, ids, ref)
         auth = self.auth(request)
-        if chat.compact and ref is not None and ids:
+        if chat.compact and ref is not None and ids and not bypass:
             await self.sync(request, chat, ids, ref)
             item = await self._compact(chat, ref, auth)
             return await self.compactor.answer_trigger(request, chat, item, {"x-request-id": request.get(REQUEST_ID, "")})
-        view = await self.view(chat, ref, auth)
+        view = View() if bypass else await self.view(chat, ref, auth)
         if rewritten and view.messages is None:
             view.messages = [*chat.instructions, *chat.history]
         await self.sync(request, chat, ids, ref)
-        return await self.serve(request, self.turn(request, chat, ref, timing, view, auth))
+        return await self.serve(request, self.turn(request, chat, ref, timing, view, auth, bypass))
 
     async def _continued(self, request: web.Request, chat, tenant: str) -> tuple[SessionRef | None, list[dict]]:
         """A ``previous_response_id`` the gateway recorded: its session and the chain before it
