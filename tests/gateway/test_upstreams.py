@@ -314,3 +314,16 @@ async def test_the_access_log_names_the_upstream(two, caplog):
                 assert status == 200
     lines = [r.fields for r in caplog.records if r.name == "palimpsest.access" and r.fields.get("model")]
     assert {(f["model"], f["upstream"]) for f in lines} == {("gpt-a", "default"), ("claude-b", "b")}
+
+
+async def test_a_receipt_names_the_upstream(two):
+    _, _, _, start = two
+    _, root = await start()
+    async with aiohttp.ClientSession() as http:
+        for model, name in (("gpt-a", "default"), ("claude-b", "b")):
+            status, _, headers = await _send(http, root, "messages", model, "acme", False, f"receipt-{model}")
+            assert status == 200
+            async with http.get(root + f"/v1/palimpsest/receipts/{headers['x-palimpsest-receipt']}",
+                                headers={"Authorization": "Bearer pk-acme"}) as r:
+                assert r.status == 200, await r.text()
+                assert (await r.json())["upstream"] == name
