@@ -43,7 +43,7 @@ from gateway.responses.compaction import Compactor
 from gateway.responses.pipeline import ResponsesPipeline
 from gateway.responses.stored import stored_response
 from gateway.jobs.summarizer import Summarizer
-from gateway.http.upstream import Upstream
+from gateway.http.routing import Upstreams, build_upstreams
 from gateway.pipeline.views import ViewBuilder
 from gateway.pipeline.windows import Windows
 from policies import Calibration, TokenCounter
@@ -58,12 +58,15 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Readiness: the store answers (a replica whose database is unreachable takes no traffic)."""
+    """Readiness: the store answers (a replica whose database is unreachable takes no traffic).
+    Each upstream is reported by name with what its newest call found; an upstream that fails
+    does not make the gateway unready (its other upstreams still serve)."""
+    upstreams = {u.name: u.state() for u in request.app[UPSTREAM].all()}
     try:
         await store_call(request.app[LEDGER].ping)
     except Exception:
-        return web.json_response({"status": "store unreachable"}, status=503)
-    return web.json_response({"status": "ready"})
+        return web.json_response({"status": "store unreachable", "upstreams": upstreams}, status=503)
+    return web.json_response({"status": "ready", "upstreams": upstreams})
 
 
 log = logging.getLogger("palimpsest")
@@ -166,6 +169,9 @@ def operator_keys(settings: Settings) -> list[str]:
         "recall.embeddings_api_key": settings.recall.embeddings_api_key.get_secret_value(),
     }
     keys |= {f"tenants.{name}.upstream_key": t.upstream_key.get_secret_value() for name, t in settings.tenant_table().items()}
+    keys |= {f"tenants.{name}.upstream_keys.{u}": k.get_secret_value() for name, t in settings.tenant_table().items()
+             for u, k in t.upstream_keys.items()}
+    keys |= {f"upstreams.{name}.api_key": u.api_key.get_secret_value() for name, u in settings.upstreams.items()}
     keys |= {f"policies[{i}].summary_api_key": o.policy.get("summary_api_key") or "" for i, o in enumerate(settings.policies)}
     return [name for name, value in keys.items() if value]
 
@@ -173,16 +179,7 @@ def operator_keys(settings: Settings) -> list[str]:
 async def _resources(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     log_metrics_exposure(settings)
-    upstream = Upstream(
-        settings.upstream.base_url,
-        settings.upstream.api_key.get_secret_value(),
-        connect_timeout=settings.upstream.connect_timeout_s,
-        read_timeout=settings.upstream.read_timeout_s,
-        first_byte_timeout=settings.upstream.first_byte_timeout_s,
-        idle_timeout=settings.upstream.idle_timeout_s,
-        max_connections=settings.upstream.max_connections,
-        format=settings.upstream.format,
-    )
+    upstream = build_upstreams(settings)  # [upstream] and every [upstreams.NAME], routed by model
     await upstream.start()
     ledger, checkpoints = open_stores(settings.store)  # embedded, or PostgreSQL with store.url
     counter, calibration = TokenCounter(), Calibration()
@@ -254,14 +251,14 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         turns.close()
 
 
-def open_index(settings: Settings, upstream: Upstream | None):
+def open_index(settings: Settings, upstream: Upstreams | None):
     """The recall index under store.path with the configured embedder (imports LanceDB)."""
     from store.embedders import default_embedder
     from store.index import SearchIndex
 
     recall = settings.recall
     if recall.embeddings_url and upstream is not None:
-        embedder = RemoteEmbedder(upstream, recall.embeddings_url, recall.embeddings_model,
+        embedder = RemoteEmbedder(upstream.default, recall.embeddings_url, recall.embeddings_model,
                                   recall.embeddings_api_key.get_secret_value(), recall.embeddings_dim)
     elif recall.embedder == "minilm":
         from store.minilm import MiniLMEmbedder

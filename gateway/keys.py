@@ -17,7 +17,7 @@ from store.interfaces import CheckpointStore, LedgerStore, ReceiptStore, SearchI
 
 if TYPE_CHECKING:
     from gateway.http.identity import Identity
-    from gateway.http.upstream import Upstream
+    from gateway.http.routing import Upstreams
     from gateway.ops.metrics import Metrics
     from gateway.settings import Settings
     from policies import TokenCounter
@@ -55,7 +55,7 @@ class IndexKeeper(Protocol):
 
 
 SETTINGS: web.AppKey[Settings] = web.AppKey("settings")
-UPSTREAM: web.AppKey[Upstream] = web.AppKey("upstream")
+UPSTREAM: web.AppKey[Upstreams] = web.AppKey("upstream")  # every upstream, routed by model
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics")
 IDENTITY: web.AppKey[Identity] = web.AppKey("identity")
 COUNTER: web.AppKey[TokenCounter] = web.AppKey("counter")
@@ -77,6 +77,8 @@ MODEL: web.RequestKey[str] = web.RequestKey("model", str)
 LOG_FIELDS: web.RequestKey[dict] = web.RequestKey("log_fields", dict)
 # The tenant's own provider key ("" = the operator's or the client's); never logged.
 UPSTREAM_KEY: web.RequestKey[str] = web.RequestKey("upstream_key", str)
+# The name of the upstream serving the request ("default" for [upstream]).
+UPSTREAM_NAME: web.RequestKey[str] = web.RequestKey("upstream_name", str)
 # The request reads or deletes an upstream object the gateway knows to be its tenant's (a
 # response it relayed): it may pass on the operator's key, whatever the route rules.
 OWNED: web.RequestKey[bool] = web.RequestKey("owned", bool)

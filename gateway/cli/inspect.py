@@ -146,7 +146,7 @@ def detail_text(d: dict) -> str:
     s, t, basis = d["session"], d["totals"], d["basis"]
     out = [f"session {s['session_id']}  ({s['key']})",
            f"created {_when(s['created'])}  updated {_when(s['updated'])}  events {s['events']}  requests {s['requests']}",
-           f"view basis: model {basis['model']} ({basis['model_source']}), window {basis['window']:,}, budget {basis['budget']:,} "
+           f"view basis: model {basis['model']} ({basis['model_source']}) on upstream {basis.get('upstream', 'default')}, window {basis['window']:,}, budget {basis['budget']:,} "
            f"({basis['window_source']}), checkpoint {basis['checkpoint'] or '-'}",
            f"tokens: client {t['client_tokens']:,}  upstream {t['upstream_tokens']:,}  saved {t['saved_tokens']:,} "
            f"({t['saved_ratio']:.0%})  recall calls {t['recall_calls']}",
@@ -185,7 +185,7 @@ def detail_text(d: dict) -> str:
 def view_text(v: dict) -> str:
     tokens = v["tokens"]
     out = [f"projected view of {v['session']} at {v['head']}",
-           f"model {v['model']} ({v['model_source']})  checkpoint {v['checkpoint'] or '-'}  "
+           f"model {v['model']} ({v['model_source']}) on {v.get('upstream', 'default')}  checkpoint {v['checkpoint'] or '-'}  "
            f"{'untouched' if v['untouched'] else 'projected'}: {tokens['upstream']:,} of {tokens['client']:,} tokens, "
            f"budget {tokens['budget']:,}",
            f"note: {v['system_prompt']}" if v["system_prompt"] != "given" else ""]

@@ -132,15 +132,13 @@ async def reindex_all(settings: Settings) -> int:
     """Drop the search index and rebuild it from the ledger, session by session."""
     from gateway.app import open_index
     from gateway.jobs.indexer import Indexer
-    from gateway.http.upstream import Upstream
+    from gateway.http.routing import build_upstreams
     from store import close_stores, open_stores
 
     ledger, checkpoints = open_stores(settings.store)  # the shared ledger when store.url is set
     upstream = None
     if settings.recall.embeddings_url:
-        upstream = Upstream(settings.upstream.base_url, settings.upstream.api_key.get_secret_value(),
-                            connect_timeout=settings.upstream.connect_timeout_s, read_timeout=settings.upstream.read_timeout_s,
-                            max_connections=settings.upstream.max_connections)
+        upstream = build_upstreams(settings)
         await upstream.start()
     indexer = Indexer(ledger, lambda: open_index(settings, upstream))
     try:

@@ -15,20 +15,26 @@ The path is forwarded as the client encoded it, below the upstream's base URL an
 it: a dot segment (``..``, ``%2e%2e``) or an encoded separator (``%2f``, ``%5c``) in any segment,
 however many times encoded, is refused with 400 before anything is sent upstream (the HTTP
 client would resolve ``/v1/../x`` to ``/x``, and some servers decode ``%2f`` into a separator).
+
+With several upstreams (``gateway/http/routing.py``) ``GET /v1/models`` is the union of theirs
+(`models_union`), ``/v1/models/{id}`` and ``POST /v1/embeddings`` go to the upstream of their
+model, and every other route to the default ``[upstream]``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import time
 from urllib.parse import unquote
 
+import orjson
 from aiohttp import web
 
 from gateway.http.body import StreamedBody
 from gateway.http.errors import BadRequest, Forbidden, GatewayError, UpstreamTimeout
 from gateway.http.sse import end_with_error
-from gateway.http.upstream import response_headers
+from gateway.http.upstream import ANTHROPIC_VERSION, response_headers
 from gateway.http.gate import tenant_of
 from gateway.keys import METRICS, OWNED, REQUEST_ID, SETTINGS, UPSTREAM, UPSTREAM_KEY
 
@@ -49,9 +55,11 @@ def passthrough_allowed(method: str, path: str, settings) -> bool:
     return any(m in ("*", method) and fnmatch.fnmatchcase(path, glob) for m, glob in rules)
 
 
-def refused(request: web.Request) -> Forbidden | None:
-    """The 403 for a route that would reach the operator's shared account, else None."""
-    if (request.app[UPSTREAM].uses_operator_key(request.get(UPSTREAM_KEY, "")) and not request.get(OWNED, False)
+def refused(request: web.Request, upstream=None) -> Forbidden | None:
+    """The 403 for a route that would reach the operator's shared account of `upstream` (the
+    default one when the route names no model), else None."""
+    upstream = upstream or request.app[UPSTREAM].for_model(None)
+    if (upstream.uses_operator_key(request.get(UPSTREAM_KEY, "")) and not request.get(OWNED, False)
             and not passthrough_allowed(request.method, request.path, request.app[SETTINGS])):
         return Forbidden(
             f"{request.method} {request.path} is not available through this gateway: it would use the operator's "
@@ -66,11 +74,14 @@ def _rule(entry: str) -> tuple[str, str]:
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
-    tenant_of(request)  # the gate resolved the tenant (a 401 for a missing/unknown client key)
+    tenant = tenant_of(request)  # the gate resolved the tenant (a 401 for a missing/unknown client key)
     raw_path = safe_raw_path(request.rel_url.raw_path)
-    upstream = request.app[UPSTREAM]
+    upstreams = request.app[UPSTREAM]
+    if len(upstreams) > 1 and request.method in ("GET", "HEAD") and request.path == "/v1/models":
+        return await models_union(request, tenant)
+    upstream, read, base = await _target(request, upstreams, tenant)
     tenant_key = request.get(UPSTREAM_KEY, "")
-    refusal = refused(request)
+    refusal = refused(request, upstream)
     if refusal is not None:
         raise refusal
     metrics = request.app[METRICS]
@@ -78,7 +89,9 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     waited = 0.0
     headers = upstream.request_headers(request.headers, path=request.path, tenant_key=tenant_key)
     body = None
-    if request.body_exists:
+    if read is not None:
+        body = read  # read whole to find its model (/v1/embeddings with several upstreams)
+    elif request.body_exists:
         compressed = "Content-Encoding" in request.headers
         limits = request.body_limits() if compressed else None  # a GatewayRequest (gateway.http.edge)
         body = StreamedBody(request.content, request.app[SETTINGS].server.body_read_timeout_s, limits)
@@ -89,7 +102,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     try:
         t0 = time.perf_counter()
         async with upstream.request(
-            upstream.raw, request.method, upstream.raw_url(raw_path, request.rel_url.raw_query_string), headers=headers, data=body
+            upstream.raw, request.method, upstream.raw_url(raw_path, request.rel_url.raw_query_string, base), headers=headers, data=body
         ) as up:
             waited += time.perf_counter() - t0
             status = up.status
@@ -111,7 +124,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
             await response.write_eof()
             return response
     except GatewayError as exc:
-        if body is not None and body.failure is not None:
+        if isinstance(body, StreamedBody) and body.failure is not None:
             exc = body.failure  # the upload stalled or grew too large: the client's fault, not the upstream's
         status = exc.status
         if response is None or not response.prepared:
@@ -126,10 +139,80 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         return response
     finally:
         elapsed = time.perf_counter() - started
-        metrics.requests.labels(ROUTE, "none", str(status)).inc()
+        metrics.requests.labels(ROUTE, "none", str(status), upstream.name).inc()
         metrics.request_seconds.labels(ROUTE, "none").observe(elapsed)
-        metrics.upstream_seconds.labels(ROUTE, "none").observe(waited)
+        metrics.upstream_seconds.labels(ROUTE, "none", upstream.name).observe(waited)
         metrics.overhead_seconds.labels(ROUTE).observe(max(0.0, elapsed - waited))
+
+
+async def _target(request: web.Request, upstreams, tenant: str):
+    """(upstream, body read whole or None, base URL or "") of a pass-through request: a model's
+    own routes (``/v1/models/{id}``, ``/v1/embeddings``) go to the upstream of that model
+    (embeddings to its ``embeddings_url``), every other route to the default upstream."""
+    if len(upstreams) == 1:
+        return upstreams.default, None, ""
+    if request.method in ("GET", "HEAD") and request.path.startswith("/v1/models/"):
+        return upstreams.route(request, tenant, request.path[len("/v1/models/"):]), None, ""
+    if request.method == "POST" and request.path == "/v1/embeddings":
+        raw = await request.read()
+        try:
+            model = orjson.loads(raw).get("model")
+        except (orjson.JSONDecodeError, AttributeError):
+            model = None
+        upstream = upstreams.route(request, tenant, model if isinstance(model, str) else None)
+        return upstream, raw, upstream.embeddings_url
+    return upstreams.route(request, tenant, None), None, ""
+
+
+async def models_union(request: web.Request, tenant: str) -> web.Response:
+    """``GET /v1/models`` with several upstreams: every upstream asked (with the tenant's key for
+    it, else its own), the lists merged in the order of the configuration. An entry is kept where
+    the gateway routes its id, so every listed model is one a client can use; the first entry
+    of an id wins. Upstreams that failed are named in ``x-palimpsest-upstreams-failed``; when all
+    failed, the first one's answer is relayed."""
+    upstreams, metrics = request.app[UPSTREAM], request.app[METRICS]
+    settings = request.app[SETTINGS]
+    merged: list[dict] = []
+    seen: set[str] = set()
+    failed: list[str] = []
+    first_error: tuple[int, bytes, str] | None = None
+
+    async def ask(upstream) -> tuple[int, bytes, str]:
+        key = upstreams.tenant_key(tenant, upstream)
+        headers = upstream.request_headers(request.headers, path="/v1/models", tenant_key=key)
+        if upstream.format == "anthropic":
+            headers.setdefault("anthropic-version", ANTHROPIC_VERSION)
+        try:
+            async with upstream.request(upstream.api, "GET", upstream.url("/v1/models"), headers=headers) as up:
+                return up.status, await upstream.reader(up).read(), up.headers.get("Content-Type", "application/json")
+        except GatewayError as exc:
+            return exc.status, orjson.dumps({"error": {"message": exc.message, "type": exc.type, "code": exc.code}}), "application/json"
+
+    answers = await asyncio.gather(*(ask(u) for u in upstreams.all()))
+    for upstream, (status, payload, content_type) in zip(upstreams.all(), answers):
+        data = None
+        if status == 200:
+            try:
+                data = orjson.loads(payload).get("data")
+            except (orjson.JSONDecodeError, AttributeError):
+                data = None
+        if not isinstance(data, list):
+            metrics.upstream_error(status)
+            failed.append(upstream.name)
+            first_error = first_error or (status, payload, content_type)
+            continue
+        for entry in data:
+            model = entry.get("id") if isinstance(entry, dict) else None
+            if isinstance(model, str) and model not in seen and settings.upstream_for(model) == upstream.name:
+                seen.add(model)
+                merged.append(entry)
+    headers = {"x-request-id": request.get(REQUEST_ID, "")}
+    if failed:
+        headers["x-palimpsest-upstreams-failed"] = ", ".join(failed)
+    if len(failed) == len(answers) and first_error is not None:
+        status, payload, content_type = first_error
+        return web.Response(status=status, body=payload, headers={**headers, "Content-Type": content_type})
+    return web.json_response({"object": "list", "data": merged}, headers=headers)
 
 
 def safe_raw_path(raw_path: str) -> str:

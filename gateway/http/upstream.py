@@ -36,6 +36,8 @@ HOP_BY_HOP = frozenset(
 OPERATOR_DROPS = frozenset({"openai-organization", "openai-project", "cookie"})
 # Every header that can carry a credential; replaced whenever the gateway supplies the key.
 CREDENTIALS = ("Authorization", "api-key", "x-api-key")
+# The Messages API version the gateway's own calls to an Anthropic upstream name.
+ANTHROPIC_VERSION = "2023-06-01"
 # Set by aiohttp's server on every response; copying the upstream's as well would duplicate them.
 SERVER_SET = frozenset({"server", "date"})
 
@@ -66,10 +68,16 @@ class BodyReader:
 
 class Upstream:
     def __init__(self, base_url: str, api_key: str, *, connect_timeout: float, read_timeout: float, max_connections: int,
-                 first_byte_timeout: float | None = None, idle_timeout: float | None = None, format: str = "openai") -> None:
+                 first_byte_timeout: float | None = None, idle_timeout: float | None = None, format: str = "openai",
+                 name: str = "default", summary_model: str = "", embeddings_url: str = "") -> None:
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.format = format  # "openai" or "anthropic": the API the gateway's own calls speak
+        self.name = name  # "default" for [upstream], else its [upstreams.NAME]
+        self.summary_model = summary_model  # what writes this upstream's summaries ("" = the policy's or the session's)
+        self.embeddings_url = (embeddings_url or self.base_url).rstrip("/")
+        # What the newest call found, for /readyz: "" (answered), or the kind of failure.
+        self.last_failure = ""
         self.first_byte_timeout = min(read_timeout, first_byte_timeout or read_timeout)
         self.idle_timeout = min(read_timeout, idle_timeout or read_timeout)
         # sock_read bounds the wait for the response headers; the body's chunks are timed by
@@ -101,10 +109,12 @@ class Upstream:
         url = self.base_url + tail
         return f"{url}?{query_string}" if query_string else url
 
-    def raw_url(self, raw_path: str, raw_query: str = "") -> URL:
-        """Map a path as the client encoded it onto the base URL, sent on as it is: not decoded
-        (a %2F or %25 stays what the client meant) nor re-resolved (the caller refused dot segments)."""
+    def raw_url(self, raw_path: str, raw_query: str = "", base: str = "") -> URL:
+        """Map a path as the client encoded it onto the base URL (or `base`), sent on as it is: not
+        decoded (a %2F or %25 stays what the client meant) nor re-resolved (the caller refused dot segments)."""
         url = self.url(raw_path, raw_query)
+        if base:
+            url = base.rstrip("/") + url[len(self.base_url):]
         return URL(url, encoded=True)
 
     def key_header(self, path: str) -> str:
@@ -159,13 +169,22 @@ class Upstream:
         assert session is not None, "upstream not started"
         try:
             async with session.request(method, url, allow_redirects=False, **kw) as resp:
+                self.last_failure = f"status {resp.status}" if resp.status >= 500 else ""
                 yield resp
         except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            self.last_failure = "timeout"
             raise UpstreamTimeout(f"The upstream did not answer in time ({type(exc).__name__}).") from None
         except aiohttp.ClientConnectorError as exc:
+            self.last_failure = "unreachable"
             raise UpstreamUnreachable(f"The upstream could not be reached: {exc.os_error.__class__.__name__}.") from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:  # reset, closed, or the upload failed
+            self.last_failure = "connection failed"
             raise UpstreamUnreachable(f"The upstream connection failed: {type(exc).__name__}.") from None
+
+    def state(self) -> dict:
+        """What /readyz tells of this upstream (never its key)."""
+        return {"format": self.format, "base_url": self.base_url,
+                "status": "failing" if self.last_failure else "ok", **({"last_failure": self.last_failure} if self.last_failure else {})}
 
 
 def response_headers(upstream: CIMultiDictProxy[str], *, decoded: bool) -> CIMultiDict[str]:

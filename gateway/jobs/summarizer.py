@@ -38,7 +38,7 @@ import logging
 import time
 
 from gateway.pipeline.offload import pure as off_loop  # big deltas are read in a worker thread, off the event loop
-from gateway.http.upstream import Upstream
+from gateway.http.routing import Upstreams
 from gateway.jobs.backoff import Breaker, SessionBackoff
 from gateway.jobs.pace import summary_due
 from gateway.settings import SummarySettings
@@ -65,7 +65,7 @@ def state_summary(messages: list[dict], previous: str | None, state: dict, polic
 
 
 class Summarizer:
-    def __init__(self, *, upstream: Upstream, checkpoints, counter: TokenCounter, metrics, workers: int, queue_size: int,
+    def __init__(self, *, upstream: Upstreams, checkpoints, counter: TokenCounter, metrics, workers: int, queue_size: int,
                  windows=None, config=None) -> None:
         self.upstream = upstream
         self.windows = windows
@@ -190,7 +190,8 @@ class Summarizer:
 
     def _breaker(self, job: SummaryJob) -> Breaker:
         policy = job.policy
-        key = ((policy.summary_base_url or self.upstream.base_url).rstrip("/"), policy.summary_model or job.model)
+        upstream, model = self.model.route(job)
+        key = ((policy.summary_base_url or upstream.base_url).rstrip("/"), model)
         breaker = self.breakers.get(key)
         if breaker is None:
             if len(self.breakers) >= BREAKERS_TRACKED:  # model names come from clients: stay bounded

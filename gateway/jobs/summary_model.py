@@ -4,8 +4,9 @@
 ``SummaryFailed`` (``SummaryRejected`` when the model answered off-format). Every call's outcome
 goes to ``outcome`` (the summarizer's per-model breaker and metrics); rejections are counted on
 the session's backoff state, which decides whether a retry is still worth a call. Summary calls
-carry the client's own credential (``Authorization`` or Azure-style ``api-key``) unless a
-summary or upstream key is configured.
+carry the tenant's own key for the session's upstream, else the upstream's key, else the
+client's own credential (``Authorization`` or Azure-style ``api-key``), unless a summary key is
+configured. They go to the upstream of the session's model, in its format (``route``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Callable, Mapping
 
 import orjson
 
+from gateway.http.routing import Upstreams
 from gateway.http.upstream import Upstream
 from gateway.jobs.backoff import Breaker, SessionBackoff, retry_after_seconds
 from gateway.jobs.budget import TenantBudget
@@ -132,7 +134,7 @@ class SummaryJob:
 
 
 class SummaryModel:
-    def __init__(self, *, upstream: Upstream, windows, counter: TokenCounter, metrics, backoff: SessionBackoff,
+    def __init__(self, *, upstream: Upstreams, windows, counter: TokenCounter, metrics, backoff: SessionBackoff,
                  outcome: Callable[..., None], budget: TenantBudget | None = None) -> None:
         self.upstream = upstream
         self.budget = budget or TenantBudget(0)
@@ -148,7 +150,7 @@ class SummaryModel:
         """Transcript tokens per summary call: the policy's, but never more than the summary
         model's window holds next to the prompt, the previous summary and the answer."""
         policy = job.policy
-        window = await self.windows.window(policy.summary_model or job.model, job.auth) if self.windows else 10**9
+        window = await self.windows.window(self.route(job)[1], job.auth) if self.windows else 10**9
         room = window - 2 * policy.summary_max_words - SUMMARY_PROMPT_ROOM
         return max(1000, min(policy.summary_chunk_tokens, room))
 
@@ -229,17 +231,37 @@ class SummaryModel:
             messages = render_correction_request(messages, problems)
         raise SummaryRejected()
 
+    def route(self, job: SummaryJob) -> tuple[Upstream, str]:
+        """The upstream of the session's model and the model that writes its summary there: the
+        upstream's ``summary_model``, else the policy's when the same upstream serves it, else
+        the session's own model (a summary never goes to another provider)."""
+        upstreams = self.upstream
+        upstream = upstreams.for_model(job.model)
+        wanted = job.policy.summary_model
+        if upstream.summary_model:
+            return upstream, upstream.summary_model
+        if wanted and (job.policy.summary_base_url or upstreams.for_model(wanted) is upstream):
+            return upstream, wanted
+        return upstream, job.model
+
+    def _key(self, job: SummaryJob, upstream: Upstream) -> str | None:
+        policy = job.policy
+        if policy.summary_api_key or policy.summary_base_url:
+            return policy.summary_api_key
+        return self.upstream.tenant_key(job.ref.tenant, upstream) or upstream.api_key
+
     async def call(self, job: SummaryJob, messages: list[dict], *, forked: bool = False) -> str:
         policy = job.policy
-        base = (policy.summary_base_url or self.upstream.base_url).rstrip("/")
+        upstream, model = self.route(job)
+        base = (policy.summary_base_url or upstream.base_url).rstrip("/")
         headers = {"Content-Type": "application/json", "x-palimpsest-purpose": "summary"}
-        key = policy.summary_api_key or (None if policy.summary_base_url else self.upstream.api_key)
-        anthropic = getattr(self.upstream, "format", "openai") == "anthropic"
+        key = self._key(job, upstream)
+        anthropic = getattr(upstream, "format", "openai") == "anthropic"
         if key:
             headers.update({"x-api-key": key} if anthropic else {"Authorization": f"Bearer {key}"})
         elif job.auth:
             headers.update(credential_headers(job.auth))
-        body = {"model": policy.summary_model or job.model, "messages": messages, "max_tokens": policy.summary_max_words * 2, "temperature": 0}
+        body = {"model": model, "messages": messages, "max_tokens": policy.summary_max_words * 2, "temperature": 0}
         if forked and job.parent_tools:  # the same tools keep the cached prefix; none may be called
             body["tools"], body["tool_choice"] = job.parent_tools, "none"
         path = "/chat/completions"
@@ -251,17 +273,18 @@ class SummaryModel:
             raise BudgetExceeded()
         spent = reserved  # a call that ends without usage is charged its estimate
         try:
-            text, used = await self._send(job, base + path, headers, messages_body(body) if anthropic else body, anthropic)
+            text, used = await self._send(job, upstream, base + path, headers, messages_body(body) if anthropic else body, anthropic)
             spent = used or reserved
             return text
         finally:
             self.budget.settle(job.ref.tenant, reserved, spent)
 
-    async def _send(self, job: SummaryJob, url: str, headers: dict, body: dict, anthropic: bool) -> tuple[str, int]:
+    async def _send(self, job: SummaryJob, upstream: Upstream, url: str, headers: dict, body: dict,
+                    anthropic: bool) -> tuple[str, int]:
         """The summary text and the tokens the upstream reported (prompt + completion)."""
         started = time.perf_counter()
         try:
-            async with self.upstream.request(self.upstream.api, "POST", url, data=orjson.dumps(body), headers=headers) as resp:
+            async with upstream.request(upstream.api, "POST", url, data=orjson.dumps(body), headers=headers) as resp:
                 payload = await resp.read()
                 if resp.status != 200:
                     wait = retry_after_seconds(resp.headers) if resp.status in (429, 503) else None

@@ -8,7 +8,9 @@ model the Messages adapter parses (``gateway/messages/adapter.py``):
 2. sync the conversation into the ledger (durable before the upstream call),
 3. build the view (shared ``ViewBuilder``: projection, compaction, recall tools, tailoring),
 4. forward (the client's bytes when the view is unchanged, else the rendered view with the
-   gateway's cache breakpoints); resolve recall calls in the shared loop (``gateway/messages/recall.py`` reads its answers),
+   gateway's cache breakpoints), to the upstream of the model, through Chat Completions for a
+   model configured with ``api = "chat"`` (``gateway/messages/chat_upstream.py``); resolve
+   recall calls in the shared loop (``gateway/messages/recall.py`` reads its answers),
 5. record the answer (the blocks the client saw).
 
 Errors the gateway itself answers on these routes use Anthropic's envelope
@@ -28,6 +30,7 @@ from aiohttp import web
 
 from gateway.pipeline.turn import Turn
 from gateway.messages import adapter as fmt
+from gateway.messages.chat_upstream import MessagesChatUpstream
 from gateway.pipeline.pipeline import StreamWatch, WirePipeline
 from gateway.http.errors import GatewayError, UpstreamErrorEvent, anthropic_error_type
 from gateway.http.gate import tenant_of
@@ -70,6 +73,7 @@ class MessagesPipeline(WirePipeline):
     route = ROUTE
     path = PATH
     credentials = CREDENTIALS
+    through_chat = MessagesChatUpstream  # a model configured with api = "chat" (Claude Code on any model)
     recall_format = RECALL
 
     def __init__(self, **parts) -> None:

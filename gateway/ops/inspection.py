@@ -146,13 +146,16 @@ class Inspector:
             row["side_events"] = [self._event_row(record.key, s) for s in session.side.get(event.id, ())]
             events.append(row)
         turns = self.turns(path, recorded)
+        for turn in turns:  # which upstream the configuration routes the turn's model to
+            turn["upstream"] = self.settings.upstream_for(turn["model"])
         client = sum(t["client_tokens"] for t in turns)
         upstream = sum(t["upstream_tokens"] for t in turns)
         return {
             "session": self._session_row(record),
             "head": path[-1].id,
             "branches": self.branches(record, session),
-            "basis": {"model": model, "model_source": model_source, "checkpoint": view.checkpoint,
+            "basis": {"model": model, "model_source": model_source, "upstream": self.settings.upstream_for(model),
+                      "checkpoint": view.checkpoint,
                       "boundary": checkpoint.boundary if checkpoint else None, "system_prompt": self._system_note(inputs),
                       "window": view.window, "budget": view.budget,
                       "window_source": _window_source(model, recorded, inputs)},
@@ -218,7 +221,7 @@ class Inspector:
         untouched = view.messages is None
         return {
             "session": record.key, "head": path[-1].id, "model": model, "model_source": model_source,
-            "system_prompt": self._system_note(inputs), "form": STORED_FORM, "checkpoint": view.checkpoint,
+            "upstream": self.settings.upstream_for(model), "system_prompt": self._system_note(inputs), "form": STORED_FORM, "checkpoint": view.checkpoint,
             "untouched": untouched,
             "messages": chat.body["messages"] if untouched else view.messages,
             "tools": chat.body.get("tools") if untouched or view.tools is None else view.tools,

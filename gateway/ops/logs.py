@@ -19,7 +19,7 @@ import uuid
 
 from aiohttp import web
 
-from gateway.keys import LOG_FIELDS, METRICS, MODEL, REQUEST_ID, SESSION, TENANT
+from gateway.keys import LOG_FIELDS, METRICS, MODEL, REQUEST_ID, SESSION, TENANT, UPSTREAM_NAME
 
 access = logging.getLogger("palimpsest.access")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -99,6 +99,7 @@ async def request_log_middleware(request: web.Request, handler):
                 "tenant": request.get(TENANT),
                 "session": request.get(SESSION),
                 "model": request.get(MODEL),
+                "upstream": request.get(UPSTREAM_NAME),  # the name of the upstream that served it
             }
             fields.update(request.get(LOG_FIELDS, {}))
             access.info("request", extra={"fields": fields})

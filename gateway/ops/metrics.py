@@ -4,7 +4,7 @@ Each app has its own registry (no module globals), so tests can run several gate
 process. Label values are bounded and never a client's free text: a model is its own label when
 it is configured or the upstream has answered a request for it (up to ``MODEL_LABEL_CAP``),
 everything else is ``other`` (a model name can be anything, a pasted key included); routes are
-the gateway's own route names.
+the gateway's own route names, upstreams the configured ones' names.
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ class Metrics:
         self._model_cap = MODEL_LABEL_CAP + len(self._models)
         p = "palimpsest_"
         # Requests and latency.
-        self.requests = Counter(p + "requests_total", "Requests handled.", ["route", "model", "status"], registry=r)
+        self.requests = Counter(p + "requests_total", "Requests handled, by the upstream that served them ([upstream] is 'default').",
+                                ["route", "model", "status", "upstream"], registry=r)
         self.request_seconds = Histogram(p + "request_duration_seconds", "Wall time of a request.", ["route", "model"], buckets=LATENCY_BUCKETS, registry=r)
-        self.upstream_seconds = Histogram(p + "upstream_duration_seconds", "Time waiting on the upstream per request.", ["route", "model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.upstream_seconds = Histogram(p + "upstream_duration_seconds", "Time waiting on the upstream per request.", ["route", "model", "upstream"], buckets=LATENCY_BUCKETS, registry=r)
         self.overhead_seconds = Histogram(p + "gateway_overhead_seconds", "Request time not spent waiting on the upstream.", ["route"], buckets=OVERHEAD_BUCKETS, registry=r)
         self.in_flight = Gauge(p + "requests_in_flight", "Requests being handled.", registry=r)
         self.upstream_errors = Counter(p + "upstream_errors_total", "Upstream failures by kind (status code, unreachable, timeout).", ["kind"], registry=r)

@@ -133,6 +133,7 @@ def build_receipt(turn: Any, receipt_id: str, counter, views, calibration, price
     receipt = {
         "id": receipt_id, "object": "palimpsest.receipt", "created": round(time.time(), 3),
         "session": turn.ref.session_id if turn.ref else None, "route": turn.route, "model": chat.model,
+        "upstream": turn.upstream,
         "status": turn.status, "bypass": turn.bypass,
         "forwarded_as_sent": view.messages is None,
         "reason": _reason(turn),

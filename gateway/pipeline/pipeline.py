@@ -29,9 +29,11 @@ from gateway.pipeline.views import View, ViewBuilder
 from gateway.http.errors import GatewayError, UpstreamIncomplete
 from gateway.http.gate import tenant_of
 from gateway.http.identity import Identity
-from gateway.http.upstream import Upstream, response_headers
+from gateway.http.routing import Upstreams
+from gateway.http.upstream import response_headers
 from gateway.ops.receipts import RECEIPT_HEADER, new_receipt_id
-from gateway.keys import LOG_FIELDS, MODEL, REQUEST_ID, SESSION, TENANT, UPSTREAM_KEY
+from gateway.keys import LOG_FIELDS, MODEL, REQUEST_ID, SESSION, TENANT, UPSTREAM_KEY, UPSTREAM_NAME
+from gateway.settings import DEFAULT_UPSTREAM
 from store import call as store_call
 from store.records import SessionRef
 
@@ -58,7 +60,7 @@ class WirePipeline:
     path = "/v1/chat/completions"
     credentials: tuple[str, ...] = ("Authorization", "api-key")
 
-    def __init__(self, *, settings, upstream: Upstream, ledger, identity: Identity, metrics, views: ViewBuilder,
+    def __init__(self, *, settings, upstream: Upstreams, ledger, identity: Identity, metrics, views: ViewBuilder,
                  recorder: TurnRecorder, quota=None, loop=None, limits=None) -> None:
         self.settings = settings
         self.upstream = upstream
@@ -97,14 +99,22 @@ class WirePipeline:
     def upstream_path(self, request: web.Request) -> str:
         return self.path
 
+    # The format's translation for a chat-only model (a ``chat_transport.ChatTransport``), or None.
+    through_chat = None
+
     def wire_count(self, turn: Turn) -> int | None:
         """The prompt tokens of the turn's first upstream body as this format's adapter reads it
         back, when that differs from counting the neutral view (the receipt itemises it)."""
         return None
 
     def transport(self, model: str):
-        """The upstream client for `model` (``post`` and ``reader``)."""
-        return self.upstream
+        """The upstream client for `model` (``post`` and ``reader``): the upstream that serves it,
+        seen through Chat Completions for a model configured with ``api = "chat"``."""
+        upstream = self.upstream.for_model(model)
+        configured = self.settings.models.get(model)
+        if self.through_chat is not None and configured is not None and configured.api == "chat":
+            return self.through_chat(upstream)
+        return upstream
 
     async def record(self, turn: Turn, tenant: str | None = None) -> None:
         await self.recorder.answer(turn)
@@ -163,7 +173,7 @@ class WirePipeline:
     def turn(self, request: web.Request, chat, ref: SessionRef | None, timing: Timing, view: View, auth,
              bypass: str | None = None) -> Turn:
         turn = Turn(chat, ref, request[MODEL], timing, view, auth=auth, route=self.route, bypass=bypass,
-                    wire_count=self.wire_count)
+                    wire_count=self.wire_count, upstream=request.get(UPSTREAM_NAME, DEFAULT_UPSTREAM))
         turn.headers["x-request-id"] = request.get(REQUEST_ID, "")
         if ref is not None:
             turn.receipt = new_receipt_id()
@@ -190,6 +200,7 @@ class WirePipeline:
             self.limits.check(tenant, chat.body, chat.format)  # 400 over its n / output-token caps
         request[MODEL] = self.metrics.model_label(chat.model)
         request[TENANT] = tenant
+        self.upstream.route(request, tenant, chat.model)  # which upstream, and the tenant's key for it
         return timing, tenant, chat, ids
 
     async def handle(self, request: web.Request) -> web.StreamResponse:

@@ -109,6 +109,7 @@ class Turn:
     status: int = 502  # what the client was told (the error's status after a failed stream)
     failure: GatewayError | None = None  # a failure told inside an already-started stream
     route: str = ROUTE  # the API the client spoke: chat, responses, messages
+    upstream: str = "default"  # the name of the upstream that served it (gateway/http/routing.py)
     receipt: str | None = None  # the receipt id the client was told (x-palimpsest-receipt)
     bypass: str | None = None  # why the request went untouched: "header" or "tenant" (None: it did not)
     direct: CacheUsage | None = None  # the request sent direct, as the provider would have billed it
@@ -217,9 +218,9 @@ class TurnRecorder:
         self.direct(turn)
         self.receipt(turn)
         elapsed = time.perf_counter() - turn.timing.started
-        m.requests.labels(turn.route, turn.model_label, str(turn.status)).inc()
+        m.requests.labels(turn.route, turn.model_label, str(turn.status), turn.upstream).inc()
         m.request_seconds.labels(turn.route, turn.model_label).observe(elapsed)
-        m.upstream_seconds.labels(turn.route, turn.model_label).observe(turn.timing.upstream)
+        m.upstream_seconds.labels(turn.route, turn.model_label, turn.upstream).observe(turn.timing.upstream)
         m.overhead_seconds.labels(turn.route).observe(max(0.0, elapsed - turn.timing.upstream))
         view = turn.view
         if view.client_tokens:

@@ -1,5 +1,9 @@
 """Context windows: configuration first, then what the upstream's /v1/models says, then a
-small table of well-known models, then a conservative default."""
+small table of well-known models, then a conservative default.
+
+With several upstreams (``gateway/http/routing.py``) each is asked about its own models only:
+a model's window is discovered from the upstream that serves it, in that upstream's format, and
+each upstream's answer is cached apart."""
 
 from __future__ import annotations
 
@@ -38,45 +42,55 @@ def window_from_model_entry(entry: dict) -> int | None:
     return None
 
 
+class _Discovered:
+    """One upstream's answer: windows by model, and when it was asked."""
+
+    def __init__(self) -> None:
+        self.windows: dict[str, int] = {}
+        self.fetched_at: float | None = None  # None: never asked (monotonic() may be small on a fresh host)
+        self.lock = asyncio.Lock()
+
+    def stale(self) -> bool:
+        return self.fetched_at is None or time.monotonic() - self.fetched_at > DISCOVERY_TTL_S
+
+
 class Windows:
     def __init__(self, configured: dict[str, int], upstream) -> None:
+        """`upstream`: the upstreams routed by model (``Upstreams``), or one upstream."""
         self._configured = configured
-        self._upstream = upstream
-        self._discovered: dict[str, int] = {}
-        self._fetched_at: float | None = None  # None: never asked (monotonic() may be small on a fresh host)
-        self._lock = asyncio.Lock()
+        self._route = upstream.for_model if hasattr(upstream, "for_model") else (lambda model: upstream)
+        self._asked: dict[str, _Discovered] = {}  # by upstream name
 
     async def window(self, model: str, auth: Mapping[str, str] | None = None) -> int:
         """The model's window; `auth` is the client's credential headers, for discovery when the
         gateway has no upstream key of its own."""
         if model in self._configured:
             return self._configured[model]
-        if model not in self._discovered and self._stale():
-            await self._discover(auth)
-        if model in self._discovered:
-            return self._discovered[model]
+        upstream = self._route(model)
+        found = self._asked.setdefault(getattr(upstream, "name", "default"), _Discovered())
+        if model not in found.windows and found.stale():
+            await self._discover(upstream, found, auth)
+        if model in found.windows:
+            return found.windows[model]
         for prefix, size in KNOWN:
             if model.startswith(prefix):
                 return size
         return DEFAULT_WINDOW
 
-    def _stale(self) -> bool:
-        return self._fetched_at is None or time.monotonic() - self._fetched_at > DISCOVERY_TTL_S
-
-    async def _discover(self, auth: Mapping[str, str] | None) -> None:
-        async with self._lock:
-            if not self._stale():
+    async def _discover(self, upstream, found: _Discovered, auth: Mapping[str, str] | None) -> None:
+        async with found.lock:
+            if not found.stale():
                 return
-            self._fetched_at = time.monotonic()
-            key = self._upstream.api_key
+            found.fetched_at = time.monotonic()
+            key = upstream.api_key
             client = dict(auth or {})  # the client's credential headers (Authorization, api-key or x-api-key)
-            if getattr(self._upstream, "format", "openai") == "anthropic":
+            if getattr(upstream, "format", "openai") == "anthropic":
                 # Anthropic's models endpoint: x-api-key and a version header (max_input_tokens per model).
                 headers = {**({"x-api-key": key} if key else client), "anthropic-version": "2023-06-01"}
             else:
                 headers = {"Authorization": f"Bearer {key}"} if key else client
             try:
-                async with self._upstream.request(self._upstream.api, "GET", self._upstream.url("/v1/models"), headers=headers) as resp:
+                async with upstream.request(upstream.api, "GET", upstream.url("/v1/models"), headers=headers) as resp:
                     if resp.status != 200:
                         return
                     data = orjson.loads(await resp.read())
@@ -87,4 +101,4 @@ class Windows:
                 if isinstance(entry, dict) and isinstance(entry.get("id"), str):
                     size = window_from_model_entry(entry)
                     if size:
-                        self._discovered[entry["id"]] = size
+                        found.windows[entry["id"]] = size

@@ -1,11 +1,9 @@
 """Responses requests on an upstream that serves only Chat Completions (``[models."x"] api = "chat"``).
 
-llama.cpp, vLLM's older builds and many hosted OpenAI-compatible APIs have no ``/v1/responses``.
-For a model configured so, the Responses pipeline and its recall loop talk to this transport
-instead of the upstream: it renders the Responses body as a Chat Completions body (the neutral
-view is already chat-shaped), posts it, and translates the answer back into a Responses object,
-or the chunk stream into Responses events, so the client (Codex CLI, the Agents SDK) sees the API
-it spoke. What a chat upstream cannot take is left out and said in a response header
+The Responses half of ``gateway/pipeline/chat_transport.py``: the Responses body rendered as a
+Chat Completions body (the neutral view is already chat-shaped), the answer translated back into
+a Responses object, or the chunk stream into Responses events, so the client (Codex CLI, the
+Agents SDK) sees the API it spoke. What a chat upstream cannot take is left out and said in a response header
 (``x-palimpsest-dropped``): reasoning items (they are bound to the provider that made them) and
 tools other than functions.
 """
@@ -14,14 +12,11 @@ from __future__ import annotations
 
 import secrets
 import time
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-import orjson
-from multidict import CIMultiDict
-
+from gateway.pipeline.chat_transport import ChatTransport, chat_chunks
 from gateway.responses import adapter as fmt
-from gateway.http.sse import SSEDecoder, StreamAssembler
+from gateway.http.sse import StreamAssembler
 from gateway.responses.stream import encode
 from policies.conversation import wire_items
 
@@ -139,14 +134,6 @@ def response_of(completion: dict, body: dict, base: str | None = None) -> dict:
 
 
 @dataclass
-class _Translated:
-    status: int
-    reason: str | None
-    headers: CIMultiDict
-    chunks: object  # async iterator of bytes for the client
-
-
-@dataclass
 class EventWriter:
     """Responses events for a chat completion stream, as its chunks arrive."""
 
@@ -230,78 +217,27 @@ class EventWriter:
         return bytes(out)
 
 
-class ChatUpstream:
-    """The upstream seen through Chat Completions: `post` and `reader` as ``Upstream`` has them."""
+class ChatUpstream(ChatTransport):
+    """The upstream seen through Chat Completions, for Responses clients."""
 
-    def __init__(self, upstream) -> None:
-        self.upstream = upstream
+    def convert(self, request: dict) -> tuple[dict, dict[str, int]]:
+        return chat_body(request)
 
-    @asynccontextmanager
-    async def post(self, path: str, incoming, body: bytes, *, drop: frozenset[str], tenant_key: str = ""):
-        request = orjson.loads(body)
-        converted, dropped = chat_body(request)
-        async with self.upstream.post_chat(incoming, orjson.dumps(converted), drop=drop, tenant_key=tenant_key) as up:
-            headers = CIMultiDict(up.headers)
-            if dropped:
-                headers["x-palimpsest-dropped"] = ", ".join(f"{k}={v}" for k, v in sorted(dropped.items()))
-            reader = self.upstream.reader(up)
-            streamed = up.status == 200 and "text/event-stream" in up.headers.get("Content-Type", "")
-            if streamed:
-                headers["Content-Type"] = "text/event-stream"
-                yield _Translated(200, up.reason, headers, _events(reader, request))
-                return
-            payload = await reader.read()
-            if up.status == 200:
-                try:
-                    payload = orjson.dumps(response_of(orjson.loads(payload), request))
-                except (orjson.JSONDecodeError, AttributeError, TypeError, IndexError):
-                    pass  # relayed as it came, like any answer the gateway cannot read
-            headers["Content-Type"] = up.headers.get("Content-Type", "application/json")
-            yield _Translated(up.status, up.reason, headers, _once(payload))
+    def answer(self, completion: dict, request: dict) -> dict:
+        return response_of(completion, request)
 
-    def reader(self, translated: _Translated) -> "_Reader":
-        return _Reader(translated.chunks)
-
-
-class _Reader:
-    def __init__(self, chunks) -> None:
-        self._chunks = chunks
-
-    async def chunk(self) -> bytes:
-        try:
-            return await self._chunks.__anext__()
-        except StopAsyncIteration:
-            return b""
-
-    async def read(self) -> bytes:
-        parts = []
-        while chunk := await self.chunk():
-            parts.append(chunk)
-        return b"".join(parts)
-
-
-async def _once(payload: bytes):
-    yield payload
-
-
-async def _events(reader, request: dict):
-    decoder, writer, done = SSEDecoder(), EventWriter(request), False
-    while chunk := await reader.chunk():
-        out = bytearray()
-        for data in decoder.feed(chunk):
-            if data == "[DONE]":
-                done = True
-                continue
-            try:
-                event = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(event, dict) and isinstance(event.get("error"), dict) and not event.get("choices"):
-                out += encode({"type": "error", **event["error"]})
-                continue
-            if isinstance(event, dict):
-                out += writer.chunk(event)
-        if out:
-            yield bytes(out)
-    if done or writer.assembler.finish_reason is not None:
-        yield writer.close()
+    async def events(self, reader, request: dict):
+        writer, done = EventWriter(request), False
+        async for events in chat_chunks(reader):
+            out = bytearray()
+            for event in events:
+                if event == "[DONE]":
+                    done = True
+                elif isinstance(event.get("error"), dict) and not event.get("choices"):
+                    out += encode({"type": "error", **event["error"]})
+                else:
+                    out += writer.chunk(event)
+            if out:
+                yield bytes(out)
+        if done or writer.assembler.finish_reason is not None:
+            yield writer.close()

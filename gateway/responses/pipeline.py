@@ -58,6 +58,7 @@ class ResponsesWatch(StreamWatch):
 class ResponsesPipeline(WirePipeline):
     route = ROUTE
     path = PATH
+    through_chat = ChatUpstream  # a model configured with api = "chat"
     recall_format = RECALL
 
     def __init__(self, *, response_ids: ResponseIdStore, compactor, **parts) -> None:
@@ -123,7 +124,7 @@ class ResponsesPipeline(WirePipeline):
         if found is None:
             # On the operator's account every tenant's stored responses meet: only ids the
             # gateway knows to be this tenant's may be continued there.
-            if (self.upstream.uses_operator_key(request.get(UPSTREAM_KEY, ""))
+            if (self.upstream.for_model(chat.model).uses_operator_key(request.get(UPSTREAM_KEY, ""))
                     or await store_call(self.response_ids.taken, previous)):
                 raise self._not_found(previous)
             return None, []  # the client's own provider account: the provider decides
@@ -168,9 +169,10 @@ class ResponsesPipeline(WirePipeline):
         _, tenant, chat, ids = await self.start(request)
         ref, ids, _ = await self.own_state(request, chat, tenant, ids)
         if ref is None or not ids:
-            async with self.upstream.post(PATH + "/compact", request.headers, chat.raw, drop=self._drop,
-                                          tenant_key=request.get(UPSTREAM_KEY, "")) as up:
-                payload = await self.upstream.reader(up).read()
+            upstream = self.upstream.for_model(chat.model)
+            async with upstream.post(PATH + "/compact", request.headers, chat.raw, drop=self._drop,
+                                     tenant_key=request.get(UPSTREAM_KEY, "")) as up:
+                payload = await upstream.reader(up).read()
                 return web.Response(status=up.status, reason=up.reason, body=payload,
                                     headers=response_headers(up.headers, decoded=True))
         await self.admit(request, chat, ids, ref)
@@ -179,14 +181,6 @@ class ResponsesPipeline(WirePipeline):
         return web.json_response(self.compactor.compacted(chat, item), headers={"x-request-id": request.get(REQUEST_ID, "")})
 
     # -- forwarding --------------------------------------------------------------------------
-
-    def transport(self, model: str):
-        """The upstream, or the upstream seen through Chat Completions for a model configured
-        with ``api = "chat"``."""
-        configured = self.settings.models.get(model)
-        if configured is not None and configured.api == "chat":
-            return ChatUpstream(self.upstream)
-        return self.upstream
 
     def render(self, turn: Turn) -> bytes:
         return orjson.dumps(fmt.render_body(turn.chat, turn.view.messages, turn.view.tools))

@@ -48,3 +48,35 @@ async def test_claude_code_completes_a_34_step_bash_chain_through_the_gateway_on
     assert any("[Tool result compacted by the gateway]" in t for t in text), "no placeholder upstream"
     assert any("<session_summary>" in t for t in text), "no summary block upstream"
     assert len(received) > len(work)  # the summary jobs spoke Messages to the Anthropic upstream
+
+
+async def test_claude_code_runs_the_chain_on_a_chat_only_model(upstream, start_gateway, tmp_path):
+    """Claude Code on a model served only as Chat Completions (``[models."fake-32k"] api = "chat"``):
+    every request it makes reaches the upstream as a chat completion (none as Messages), each
+    accepted and within the 32k window, and the chain completes with placeholders and a summary
+    upstream. Thinking blocks, had there been any, would be named in x-palimpsest-dropped."""
+    from gateway.keys import METRICS
+
+    gw = await start_gateway(server={"client_keys": "required"}, tenants={"dev": "sk-ant-dev"},
+                             models={"fake-32k": {"api": "chat"}})
+    run = await run_claude(gw.root, first_prompt("claude", STEPS), model="fake-32k", home=tmp_path,
+                           api_key="sk-ant-dev", timeout_s=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "Prompt is too long" not in run.stdout + run.stderr
+    assert not [r for r in upstream.received if r["path"].startswith("/v1/messages")]  # nothing as Messages
+    chats = upstream.chat_requests()
+    work = [r for r in chats if r["headers"].get("x-palimpsest-purpose") != "summary"]
+    assert len(chats) > len(work)  # the summary jobs ran, as chat completions
+    steps = {m["content"].split("\n", 1)[0] for r in work for m in r["json"]["messages"]
+             if m["role"] == "tool" and str(m["content"]).startswith("step ")}
+    assert len(steps) >= 30, sorted(steps)  # "step N of 34": the results of the chain's Bash calls
+    last = work[-1]["json"]["messages"]
+    assert f"CHAIN COMPLETE after {STEPS} steps" in str([m for m in last if m["role"] == "tool"][-1]["content"])
+    text = [str(r["json"]) for r in work]
+    assert any("[Tool result compacted by the gateway]" in t for t in text), "no placeholder upstream"
+    assert any("<session_summary>" in t for t in text), "no summary block upstream"
+    rendered = gw.app[METRICS].render().decode()
+    rejected = [line for line in rendered.splitlines()
+                if line.startswith(("palimpsest_upstream_errors_total", "palimpsest_context_length_rejections_total"))
+                and not line.endswith(" 0.0")]
+    assert rejected == []  # 0 rejections: the upstream refused nothing, nothing was too long to send

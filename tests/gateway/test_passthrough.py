@@ -92,7 +92,7 @@ async def test_metrics_endpoint_reports_requests(gateway):
     async with aiohttp.ClientSession() as s:
         async with s.get(gateway.root + "/metrics") as r:
             text = await r.text()
-    assert 'palimpsest_requests_total{model="gpt-test",route="chat",status="200"} 1.0' in text
-    assert 'palimpsest_requests_total{model="none",route="passthrough",status="200"} 1.0' in text
+    assert 'palimpsest_requests_total{model="gpt-test",route="chat",status="200",upstream="default"} 1.0' in text
+    assert 'palimpsest_requests_total{model="none",route="passthrough",status="200",upstream="default"} 1.0' in text
     assert "palimpsest_gateway_overhead_seconds_bucket" in text
     assert "palimpsest_upstream_duration_seconds_count" in text

@@ -214,8 +214,8 @@ async def test_model_labels_are_configured_or_answered_models_only(start_gateway
         async with s.get(gw.root + "/metrics") as r:
             text = await r.text()
     assert "sk-leak" not in text
-    assert 'palimpsest_requests_total{model="other",route="chat",status="404"} 2.0' in text
-    assert 'palimpsest_requests_total{model="fake-32k",route="chat",status="200"} 1.0' in text
+    assert 'palimpsest_requests_total{model="other",route="chat",status="404",upstream="default"} 2.0' in text
+    assert 'palimpsest_requests_total{model="fake-32k",route="chat",status="200",upstream="default"} 1.0' in text
 
 
 async def test_metrics_token_guards_metrics(start_gateway):

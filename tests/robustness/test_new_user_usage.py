@@ -60,7 +60,7 @@ async def test_odd_usage_never_fails_a_recall_turn(scripted, scripted_gateway, u
     assert len(scripted.chats()) == 2  # the recall round really ran
     if usage == "strings":
         assert (reported.prompt_tokens, reported.completion_tokens) == (20, 4)
-    assert await _metric(gw, "palimpsest_requests_total") == ['palimpsest_requests_total{model="m-8k",route="chat",status="200"} 1.0']
+    assert await _metric(gw, "palimpsest_requests_total") == ['palimpsest_requests_total{model="m-8k",route="chat",status="200",upstream="default"} 1.0']
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
@@ -78,7 +78,7 @@ async def test_odd_usage_is_relayed_as_it_came_and_counts_nothing_wrong(scripted
         assert reply.http_response.json()["usage"] == USAGES[usage]  # the provider's bytes, untouched
         text = reply.parse().choices[0].message.content
     assert text == "fine"
-    assert await _metric(gw, "palimpsest_requests_total") == ['palimpsest_requests_total{model="m-8k",route="chat",status="200"} 1.0']
+    assert await _metric(gw, "palimpsest_requests_total") == ['palimpsest_requests_total{model="m-8k",route="chat",status="200",upstream="default"} 1.0']
     for line in await _metric(gw, "palimpsest_upstream_usage_prompt_tokens_total"):
         assert float(line.rsplit(" ", 1)[1]) in (0.0, 10.0)
 
