@@ -87,9 +87,30 @@ def validate_body(body: Any) -> None:
                               + ", ".join(f"'{v}'" for v in INCLUDABLE) + ".",
                               param=f"include[{i}]", code="invalid_value")
     _validate_tools(body.get("tools"))
+    _validate_tool_choice(body.get("tool_choice"))
     if isinstance(raw_input, list):
         for i, item in enumerate(raw_input):
             _validate_item(item, f"input[{i}]")
+
+
+TOOL_CHOICE_MODES = ("none", "auto", "required")
+
+
+def _validate_tool_choice(choice: Any) -> None:
+    """OpenAI's ``tool_choice``: a mode string, or an object naming a function or a tool type."""
+    if choice is None:
+        return
+    if isinstance(choice, str):
+        if choice not in TOOL_CHOICE_MODES:
+            raise invalid(f"Invalid value: '{choice}'. Supported values are: 'none', 'auto', and 'required'.",
+                          param="tool_choice", code="invalid_value")
+        return
+    if not isinstance(choice, dict) or not isinstance(choice.get("type"), str):
+        raise invalid("Invalid type for 'tool_choice': expected one of a string or object.",
+                      param="tool_choice", code="invalid_type")
+    if choice["type"] == "function" and not isinstance(choice.get("name"), str):
+        raise invalid("Missing required parameter: 'tool_choice.name'.", param="tool_choice.name",
+                      code="missing_required_parameter")
 
 
 def _validate_tools(tools: Any, where: str = "tools") -> None:

@@ -23,6 +23,7 @@ import orjson
 from aiohttp import web
 
 from gateway.chat.adapter import parse_and_hash
+from gateway.chat.fork import summary_fork
 from gateway.pipeline import offload
 from gateway.pipeline.pipeline import sync_history
 from gateway.pipeline.quota import StorageQuota
@@ -69,7 +70,7 @@ class ChatPipeline:
         view = await offload.build_view(self.views, chat, ref, auth) if ref is not None else View()
         if ref is not None and ids:
             await self._sync(ref, chat, ids)
-        turn = Turn(chat, ref, model_label, timing, view, auth=auth)
+        turn = Turn(chat, ref, model_label, timing, view, auth=auth, fork=summary_fork)
         turn.headers["x-request-id"] = request.get(REQUEST_ID, "")
         if ref is not None:
             turn.headers["x-palimpsest-session"] = ref.session_id

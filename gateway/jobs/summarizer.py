@@ -128,10 +128,9 @@ class Summarizer:
         if self._full():
             self.metrics.summary_dropped.labels("queue_full").inc()
             return
-        parent = fork_parent(turn, answer_event.message)  # the provider's cached prefix, for a cache fork
         job = SummaryJob(
             turn.ref, turn.chat.model, policy, [*turn.chat.history, answer_event.message], [*turn.chat.ids, answer_event.id],
-            turn.auth, parent[0] if parent else None, parent[1] if parent else None, budget=view.budget,
+            turn.auth, fork_parent(turn, answer_event.message), budget=view.budget,  # the provider's cached prefix
         )
         if not self._admit(job):
             return

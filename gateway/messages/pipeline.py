@@ -30,6 +30,7 @@ from gateway.pipeline.turn import Turn
 from gateway.messages import adapter as fmt
 from gateway.pipeline.pipeline import StreamWatch, WirePipeline
 from gateway.http.errors import GatewayError, UpstreamErrorEvent, anthropic_error_type
+from gateway.messages.fork import FORMAT_HEADERS, summary_fork as messages_fork
 from gateway.messages.stream import MessageAssembler, chat_usage, encode, visible_blocks
 from gateway.ops.readonly import NoMetrics, NoSummaries
 from store.canonical import path_ids
@@ -95,6 +96,19 @@ class MessagesPipeline(WirePipeline):
 
     def watch(self) -> StreamWatch:
         return MessagesWatch()
+
+    def forker(self, request: web.Request):
+        """The Messages body the upstream received, forked (gateway/messages/fork.py), with the
+        request's version and beta headers and its query."""
+        headers = {h: v for h in FORMAT_HEADERS if (v := request.headers.get(h))}
+        query = request.query_string
+
+        def fork(turn: Turn, answer: dict):
+            view = turn.view
+            parent = turn.chat.body if view.messages is None else fmt.render_body(turn.chat, view.messages, view.tools)
+            return messages_fork(parent, answer, view.upstream_tokens, headers, query)
+
+        return fork
 
     async def end_stream(self, response: web.StreamResponse, error: GatewayError) -> None:
         await end_stream_with_error(response, error)

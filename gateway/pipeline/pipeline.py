@@ -20,6 +20,7 @@ import orjson
 from aiohttp import web
 
 from gateway.pipeline import offload
+from gateway.pipeline.fork import Forker
 from gateway.pipeline.quota import StorageQuota
 from gateway.pipeline.turn import Timing, Turn, TurnRecorder
 from gateway.pipeline.views import View, ViewBuilder
@@ -95,6 +96,11 @@ class WirePipeline:
     async def record(self, turn: Turn, tenant: str | None = None) -> None:
         await self.recorder.answer(turn)
 
+    def forker(self, request: web.Request) -> Forker | None:
+        """The format's cache fork of a turn's view for its summary call (None: that format
+        has none, and a summary reads the transcript instead)."""
+        return None
+
     # -- shared steps --------------------------------------------------------------------------
 
     async def parsed(self, raw: bytes):
@@ -124,7 +130,7 @@ class WirePipeline:
         return await offload.build_view(self.views, chat, ref, auth) if ref is not None and chat.ids else View()
 
     def turn(self, request: web.Request, chat, ref: SessionRef | None, timing: Timing, view: View, auth) -> Turn:
-        turn = Turn(chat, ref, request[MODEL], timing, view, auth=auth, route=self.route)
+        turn = Turn(chat, ref, request[MODEL], timing, view, auth=auth, route=self.route, fork=self.forker(request))
         turn.headers["x-request-id"] = request.get(REQUEST_ID, "")
         if ref is not None:
             turn.headers["x-palimpsest-session"] = ref.session_id

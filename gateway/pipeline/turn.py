@@ -13,6 +13,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from gateway.pipeline.fork import Forker
 from gateway.pipeline.request import ChatRequest
 from gateway.pipeline.views import View
 from gateway.http.errors import GatewayError, UpstreamTimeout
@@ -106,6 +107,7 @@ class Turn:
     status: int = 502  # what the client was told (the error's status after a failed stream)
     failure: GatewayError | None = None  # a failure told inside an already-started stream
     route: str = ROUTE  # the API the client spoke: chat, responses, messages
+    fork: Forker | None = None  # the format's cache fork of this view, for a summary call (pipeline/fork.py)
 
 
 class TurnRecorder:

@@ -29,6 +29,7 @@ from gateway.http.errors import BadRequest, GatewayError, NotFound
 from gateway.http.upstream import response_headers
 from gateway.keys import REQUEST_ID, UPSTREAM_KEY
 from gateway.responses.chat_upstream import ChatUpstream
+from gateway.responses.fork import summary_fork as responses_fork
 from gateway.responses.stream import TERMINAL, encode
 from store import call as store_call
 from store.canonical import event_id, path_ids
@@ -194,6 +195,18 @@ class ResponsesPipeline(WirePipeline):
 
     def render(self, turn: Turn) -> bytes:
         return orjson.dumps(fmt.render_body(turn.chat, turn.view.messages, turn.view.tools))
+
+    def forker(self, request: web.Request):
+        return self.summary_fork
+
+    def summary_fork(self, turn: Turn, answer: dict):
+        """The Responses body the upstream received, forked (gateway/responses/fork.py); none for
+        a model the view went to as Chat Completions."""
+        if self.transport(turn.chat.model) is not self.upstream:
+            return None
+        view = turn.view
+        parent = turn.chat.body if view.messages is None else fmt.render_body(turn.chat, view.messages, view.tools)
+        return responses_fork(parent, answer, view.upstream_tokens)
 
     def watch(self) -> StreamWatch:
         return ResponsesWatch()
