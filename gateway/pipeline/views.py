@@ -43,10 +43,13 @@ from policies import (
     round_sizes,
     tailor,
 )
+from policies.cost import with_cache_rule
+from policies.prices import CacheRule, cache_rule, price_of
 from store.records import Checkpoint, SessionRef, newest_on_path
 from store import call as store_call
 
 log = logging.getLogger("palimpsest.views")
+POLICY_MEMO = 1024
 
 
 @dataclass(slots=True)
@@ -106,11 +109,26 @@ class ViewBuilder:
         self.metrics = metrics
         self.summarizer = summarizer
         self._recall_costs: dict[tuple[str, str], int] = {}
+        self._policies: dict[tuple[int, str], tuple[Policy, Policy]] = {}  # (policy, model) -> with its cache rule
 
     def policy_for(self, model: str, ref: SessionRef) -> Policy:
-        if not self.settings.policies:
-            return self.settings.policy
-        return resolve_policy(self.settings.policy, self.settings.policies, model, ref.session_id)
+        """The session's policy, its unset cost-model inputs taken from the model's cache rule."""
+        policy = self.settings.policy
+        if self.settings.policies:
+            policy = resolve_policy(policy, self.settings.policies, model, ref.session_id)
+        key = (id(policy), model)
+        found = self._policies.get(key)
+        if found is None or found[0] is not policy:
+            if len(self._policies) >= POLICY_MEMO:  # model names are the client's: bounded
+                self._policies.clear()
+            found = self._policies[key] = (policy, with_cache_rule(policy, self.cache_rule(model)))
+        return found[1]
+
+    def cache_rule(self, model: str) -> CacheRule | None:
+        """The provider's cache rule for `model` (policies/prices.py), rates from its price."""
+        configured = self.settings.models.get(model)
+        overrides = {model: configured.price_fields()} if configured is not None else None
+        return cache_rule(model, price_of(model, overrides))
 
     async def build(self, chat: ChatRequest, ref: SessionRef, auth: Mapping[str, str] | None = None):
         policy = self.policy_for(chat.model, ref)
