@@ -180,6 +180,10 @@ class Policy(BaseModel):
     cache_write_rate: float | None = Field(
         None, ge=0, le=10, description="A cache-written input token's price / an uncached one's (1.0 OpenAI before GPT-5.6, "
         "1.25 GPT-5.6 on and Anthropic); unset: the model's cache rule, else 1.0.")
+    holdout_share: float = Field(
+        0.0, ge=0, le=1, description="Share of sessions (deterministic per session) sent as direct: untouched while they "
+        "fit, the oldest rounds cut when they do not, still recorded; their metrics carry arm=\"holdout\", the others "
+        "arm=\"compacted\", so the saving is measured on the operator's own traffic (policies/holdout.py).")
     cache_min_tokens: int | None = Field(
         None, ge=0, description="The shortest prefix the provider caches; unset: the model's cache rule, else 1024.")
     cache_step: int | None = Field(

@@ -47,6 +47,7 @@ from gateway.jobs.summary_model import (Auth, BudgetExceeded, SummaryFailed, Sum
                                         fork_applies, fork_parent)
 from policies import Policy, TokenCounter, choose_boundary, chunk_messages, extract_exact_values, merge_state
 from policies.extraction import extract_notes
+from policies.holdout import HOLDOUT
 from policies.summary import DETERMINISTIC_MODEL, render_state_summary
 from store import acquire as store_acquire, call as store_call
 from store.records import Checkpoint, SessionRef
@@ -117,8 +118,8 @@ class Summarizer:
     def after_turn(self, turn, answer_event) -> None:
         view = turn.view
         policy = view.policy
-        if turn.ref is None or policy is None or not view.budget:
-            return
+        if turn.ref is None or policy is None or not view.budget or view.arm == HOLDOUT:
+            return  # a holdout session is sent as direct: it gets no summaries
         if not summary_due(turn, self.counter, fork_applies(turn)):  # the cost model (policies/cost.py)
             return
         key = turn.ref.key

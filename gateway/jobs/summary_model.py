@@ -33,6 +33,7 @@ from policies import (
     validate_summary,
 )
 from policies.messages import content_text
+from policies.holdout import COMPACTED
 from policies.prices import read_usage
 from policies.summary import has_secret, render_correction_request
 from store.records import SessionRef
@@ -294,6 +295,7 @@ class SummaryModel:
         self.metrics.summary_cache_read_tokens.inc(billed.cached)
         self.metrics.tokens_spent_overhead.labels("summary").inc(billed.prompt + billed.output)
         self.metrics.costs.call(body["model"], self.metrics.model_label(body["model"]), "summary", usage)
+        self.metrics.arm_billed(COMPACTED, body["model"], billed, "billed", job.policy.output_rate)
         return text or "", billed.prompt + billed.output
 
 

@@ -171,17 +171,32 @@ class TurnRecorder:
             turn.billed = self.metrics.costs.call(turn.chat.model, turn.model_label, "client", turn.usage)
             turn.answer_output = turn.billed.output
 
-    def direct(self, turn: Turn) -> None:
+    def direct(self, turn: Turn) -> CacheUsage | None:
         """The request's direct counterfactual: its own prompt, the session's previous one cached."""
         if turn.billed is None or turn.status != 200:
-            return
+            return None
         costs = self.metrics.costs
         if turn.ref is None or not turn.view.client_tokens:  # forwarded as it came: direct is the same
-            costs.direct(turn.chat.model, turn.model_label, None, [], turn.billed.prompt, turn.billed.output,
-                         cached=turn.billed.cached)
+            return costs.direct(turn.chat.model, turn.model_label, None, [], turn.billed.prompt, turn.billed.output,
+                                cached=turn.billed.cached)
+        return costs.direct(turn.chat.model, turn.model_label, turn.ref.key, turn.chat.ids, turn.view.client_tokens,
+                            turn.answer_output)
+
+    def observe_arm(self, turn: Turn, direct: CacheUsage | None) -> None:
+        """The request in its holdout arm's figures (policies/holdout.py); sessions only."""
+        if turn.ref is None:
             return
-        costs.direct(turn.chat.model, turn.model_label, turn.ref.key, turn.chat.ids, turn.view.client_tokens,
-                     turn.answer_output)
+        m, view, arm = self.metrics, turn.view, turn.view.arm
+        rate = getattr(view.policy, "output_rate", 4.0)
+        m.arm_requests.labels(arm, str(turn.status)).inc()
+        m.arm_prompt_tokens.labels(arm, "client").inc(view.client_tokens)
+        m.arm_prompt_tokens.labels(arm, "upstream").inc(view.upstream_tokens)
+        if turn.recall_calls:
+            m.arm_recall_calls.labels(arm).inc(turn.recall_calls)
+        if turn.billed is not None:
+            m.arm_billed(arm, turn.chat.model, turn.billed, "billed", rate)
+        if direct is not None:
+            m.arm_billed(arm, turn.chat.model, direct, "direct", rate)
 
     def observe(self, turn: Turn) -> None:
         m = self.metrics
@@ -189,7 +204,8 @@ class TurnRecorder:
             m.model_answered(turn.chat.model)
             turn.model_label = m.model_label(turn.chat.model)
         self.bill(turn)
-        self.direct(turn)
+        direct = self.direct(turn)
+        self.observe_arm(turn, direct)
         elapsed = time.perf_counter() - turn.timing.started
         m.requests.labels(turn.route, turn.model_label, str(turn.status)).inc()
         m.request_seconds.labels(turn.route, turn.model_label).observe(elapsed)

@@ -44,6 +44,7 @@ from policies import (
     tailor,
 )
 from policies.cost import with_cache_rule
+from policies.holdout import COMPACTED, HOLDOUT, arm as holdout_arm
 from policies.prices import CacheRule, cache_rule, price_of
 from store.records import Checkpoint, SessionRef, newest_on_path
 from store import call as store_call
@@ -70,6 +71,7 @@ class View:
     truncated_tool_results: int = 0  # tool results cut head/tail in the outgoing copy
     truncated_last_message: bool = False  # the newest user message was cut (policy opted in)
     dropped: int = 0  # messages tailoring left out (a summary fork would not see them)
+    arm: str = COMPACTED  # the session's holdout arm (policies/holdout.py)
 
     def body(self, chat: ChatRequest) -> bytes:
         if self.messages is None:
@@ -142,7 +144,9 @@ class ViewBuilder:
         checkpoints = await store_call(self.checkpoints.list, ref.key)
         newest = newest_on_path(checkpoints, positions)
         view = View(client_tokens=client_tokens, upstream_tokens=client_tokens, budget=budget, policy=policy,
-                    window=window, raw_estimate=raw_estimate)
+                    window=window, raw_estimate=raw_estimate, arm=holdout_arm(ref.key, policy.holdout_share))
+        if view.arm == HOLDOUT:
+            return self._direct(chat, view)
         if newest is None and client_tokens <= min(policy.summary_trigger_ratio, policy.compact_trigger_ratio) * budget:
             return view  # short session: untouched, forwarded byte for byte
 
@@ -188,6 +192,39 @@ class ViewBuilder:
         if view.truncated_last_message:
             self.metrics.truncated_last_messages.inc()
         return view
+
+    def _direct(self, chat: ChatRequest, view: View) -> View:
+        """A holdout session's view: what a client sending direct gets. Untouched while it fits;
+        else the oldest rounds cut (tailoring), no summary, no compaction, no recall tools."""
+        if view.client_tokens <= view.budget:
+            return view
+        raw_budget = int(view.budget / self.calibration.factor(chat.model))
+        try:
+            messages, stats = tailor([*chat.instructions, *chat.history], raw_budget, self.counter,
+                                     fixed_tokens=self._tool_tokens(chat, chat.body.get("tools")),
+                                     truncate_last=view.policy.truncate_last_message)
+        except ContextOverflow as exc:
+            self._rejected(chat, view, exc.needed, view.policy.truncate_last_message)
+        self.metrics.tailoring_drops.labels("dropped").inc(stats.dropped_messages)
+        self.metrics.tailoring_drops.labels("truncated").inc(stats.truncated_messages)
+        view.messages, view.tools = messages, None
+        view.upstream_tokens = self.calibration.scale(chat.model, stats.tokens_after)
+        view.raw_estimate = stats.tokens_after
+        view.dropped = stats.dropped_messages
+        return view
+
+    def _rejected(self, chat: ChatRequest, view: View, needed: int, truncate_last: bool):
+        """400 context_length_exceeded with the numbers: nothing fits the window."""
+        self.metrics.context_rejections.inc()
+        self.metrics.arm_rejections.labels(view.arm).inc()
+        needed = self.calibration.scale(chat.model, needed)
+        raise ContextLengthExceeded(
+            f"This request needs at least {needed} prompt tokens after compaction, but model "
+            f"'{chat.model}' allows {view.budget} (window minus max_tokens and reserve). "
+            "Shorten the system prompt, tools or last message, or lower max_tokens"
+            + ("." if truncate_last else "; policy 'truncate_last_message' lets the gateway cut the last message."),
+            param="messages",
+        ) from None
 
     def refit(self, chat: ChatRequest, messages: list[dict], tools: list[dict] | None, budget: int) -> list[dict] | None:
         """`messages` fitted to `budget` again (the recall loop grows the view each round);
@@ -299,15 +336,7 @@ class ViewBuilder:
             messages, stats = tailor(projection.messages, raw_budget, self.counter, fixed_tokens=fixed,
                                      truncate_last=truncate_last)
         except ContextOverflow as exc:
-            self.metrics.context_rejections.inc()
-            needed = self.calibration.scale(chat.model, exc.needed)
-            raise ContextLengthExceeded(
-                f"This request needs at least {needed} prompt tokens after compaction, but model "
-                f"'{chat.model}' allows {budget} (window minus max_tokens and reserve). "
-                "Shorten the system prompt, tools or last message, or lower max_tokens"
-                + ("." if truncate_last else "; policy 'truncate_last_message' lets the gateway cut the last message."),
-                param="messages",
-            ) from None
+            self._rejected(chat, View(budget=budget), exc.needed, truncate_last)
         kept = {id(m) for m in messages}
         dropped_ids = {eid for eid, m in zip(chat.ids, chat.history) if id(m) not in kept}
         hidden = projection.hidden | dropped_ids
