@@ -324,9 +324,24 @@ def count_context(instructions: str | None, items: list[dict[str, Any]],
     head_tokens = count_text(instructions or "") + (
         count_text(orjson.dumps(tools).decode()) if tools else 0)
     keyed = [(orjson.dumps([instructions, tools], option=orjson.OPT_SORT_KEYS), head_tokens + 3)]
-    keyed += [(orjson.dumps(item, option=orjson.OPT_SORT_KEYS), item_tokens(item, secret))
+    keyed += [(orjson.dumps(cache_identity(item), option=orjson.OPT_SORT_KEYS), item_tokens(item, secret))
               for item in items]
     return keyed
+
+
+def cache_identity(item: dict[str, Any]) -> dict[str, Any]:
+    """An item as the prompt renders it: a message's string content is one text part, and a
+    ``prompt_cache_breakpoint`` mark is metadata, not prompt text."""
+    if item_type(item) != "message":
+        return item
+    content = item.get("content")
+    if isinstance(content, str):
+        kind = "output_text" if item.get("role") == "assistant" else "input_text"
+        content = [{"type": kind, "text": content}]
+    elif isinstance(content, list):
+        content = [{k: v for k, v in p.items() if k != "prompt_cache_breakpoint"} if isinstance(p, dict) else p
+                   for p in content]
+    return {**{k: v for k, v in item.items() if k != "type"}, "type": "message", "content": content}
 
 
 def window_error(prompt_tokens: int, window: int, limit: int) -> PuppetError:

@@ -130,3 +130,28 @@ async def test_tool_choice_is_spelled_as_each_format_wants_on_the_strict_simulat
         assert exc.body["param"] == "tool_choice"
     await client.close()
     await api.close()
+
+
+async def test_gpt_5_6_views_carry_prompt_cache_breakpoints_and_keep_their_cached_prefix(start_gateway, upstream):
+    """A model whose cache rule takes explicit breakpoints (GPT-5.6 on) gets the gateway's marks
+    on the end of its instructions and summary block and on the newest user message."""
+    upstream.state.windows["gpt-5.6-mini"] = 32_000
+    gw = await start_gateway(policy=ECONOMY, models={"gpt-5.6-mini": {"context_window": 32_000}})
+    api = openai.AsyncOpenAI(base_url=gw.base_url, api_key="sk-bp", max_retries=0,
+                             default_headers={"X-Session-Id": "breakpoints"})
+    _, responses = await drive_responses_loop(api, agent_loop_session(seed=13, turns=1, calls=40), model="gpt-5.6-mini")
+    await api.close()
+    await settle(gw)
+    assert len(responses) == 41
+    views = [r["json"] for r in upstream.received if r["path"] == "/v1/responses" and not purpose(r)]
+    marked = [v for v in views if '"prompt_cache_breakpoint"' in str(v).replace("'", '"')]
+    assert marked, "a rendered view of a GPT-5.6 model carries breakpoints"
+    for body in marked:
+        marks = [(i, p) for i, item in enumerate(body["input"]) if isinstance(item.get("content"), list)
+                 for p in item["content"] if isinstance(p, dict) and "prompt_cache_breakpoint" in p]
+        assert 1 <= len(marks) <= 3 and all(p["prompt_cache_breakpoint"] == {"mode": "explicit"} for _, p in marks)
+        last_user = max(i for i, item in enumerate(body["input"]) if item.get("role") == "user")
+        assert last_user in {i for i, _ in marks}
+    # The marks move from request to request, and the cached prefix stays.
+    assert sum(r.usage.input_tokens_details.cached_tokens for r in responses[-10:]) > \
+        0.5 * sum(r.usage.input_tokens for r in responses[-10:])

@@ -120,3 +120,16 @@ def test_a_write_premium_enters_the_compaction_events_payback():
     further = next(n for n in range(1, 100) if event_pays(before, after, n, free))
     assert not event_pays(before, after, further, premium)
     assert event_pays(before, after, further + 2, premium)
+
+
+def test_only_models_that_take_explicit_breakpoints_get_them():
+    from gateway.responses.cache_breakpoints import place_breakpoints
+
+    items = [{"type": "message", "role": "developer", "content": "summary"},
+             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "task"}]},
+             {"type": "function_call_output", "call_id": "c", "output": "x"}]
+    assert place_breakpoints("gpt-5-mini", items) is items and place_breakpoints("fake-32k", items) is items
+    marked = place_breakpoints("gpt-5.6", items)
+    assert marked[0]["content"] == [{"type": "input_text", "text": "summary", "prompt_cache_breakpoint": {"mode": "explicit"}}]
+    assert marked[1]["content"][0]["prompt_cache_breakpoint"] == {"mode": "explicit"} and marked[2] is items[2]
+    assert "prompt_cache_breakpoint" not in items[1]["content"][0]  # the client's items are never changed
