@@ -192,7 +192,7 @@ async def recall_check(env: dict, agents: list[Agent]) -> dict:
             call = {"id": "q", "type": "function", "function": {"name": "session_search", "arguments": json.dumps(
                 {"query": f"project codename {agent.fact}", "scope": "session"})}}
             started = time.perf_counter()
-            result = orjson.loads(await app[PIPELINE].recall.tools.run(call, kind="search", session_key=record.key,
+            result = orjson.loads(await app[PIPELINE].loop.tools.run(call, kind="search", session_key=record.key,
                                                                         path_ids=ids, hidden=frozenset(ids)))
             seconds.append(time.perf_counter() - started)
             found += any(agent.fact in (r.get("passage") or r.get("snippet") or "") for r in result.get("results", [])[:3])

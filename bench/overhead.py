@@ -1,7 +1,8 @@
 """Pass-through overhead: what a proxy adds on top of the upstream, side by side with peers.
 
-    python bench/overhead.py                       # direct, palimpsest, litellm, headroom
+    python bench/overhead.py                       # direct, bare, palimpsest, litellm, headroom
     python bench/overhead.py --targets direct,palimpsest --n 100 --seconds 5 --json out.json
+    python bench/overhead.py --api responses --body-kb 500 --targets direct,bare,palimpsest
 
 Every target talks to the same SIMULATED upstream (``python -m simulator.puppet``) in its own
 process. Phase 1 sends N short, non-streaming chat requests per target, one at a time and
@@ -9,6 +10,11 @@ interleaved round-robin (the starting target rotates every round), so machine no
 targets alike; added latency is measured per round against the direct request of that round.
 Phase 2 runs each target alone at C concurrent clients for S seconds (req/s, errors). Idle RSS
 of each proxy (its whole process tree) is read from /proc after start-up and warm-up.
+
+``bare`` is the floor: a minimal aiohttp relay (``bench/bare_relay.py``) in its own process,
+one more hop and nothing else. ``--body-kb N`` pads each request with a Codex-shaped history
+(function calls and their outputs) of about N KB, the same history every round in one session
+per target, with one new user message: the steady state of an agent that resends its context.
 
 Peers are the LiteLLM proxy and the Headroom proxy from ``bench/peers.sh`` (virtualenvs under
 /opt/palimpsest-peers); a peer that is not installed or does not start is skipped with a note.
@@ -30,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from functools import lru_cache
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +48,7 @@ from common import percentile  # noqa: E402
 
 MODEL = "gpt-bench"
 API_KEY = "sk-bench-not-a-real-key"
-ALL_TARGETS = ("direct", "palimpsest", "litellm", "headroom")
+ALL_TARGETS = ("direct", "bare", "palimpsest", "litellm", "headroom")
 REPO = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 120.0
 
@@ -135,6 +142,13 @@ def start_puppet(work: Path) -> Target:
     proc = spawn([sys.executable, "-m", "simulator.puppet", "--port", str(port),
                   "--keep-received", "50"], work / "puppet.log", cwd=REPO)
     return Target("direct", f"http://127.0.0.1:{port}/v1", proc, version="puppet (simulated)")
+
+
+def start_bare(work: Path, upstream: str) -> Target:
+    port = free_port()
+    proc = spawn([sys.executable, str(REPO / "bench" / "bare_relay.py"), "--port", str(port), "--upstream", upstream],
+                 work / "bare.log", cwd=REPO)
+    return Target("bare", f"http://127.0.0.1:{port}/v1", proc, version="aiohttp relay (floor)")
 
 
 def start_palimpsest(work: Path, upstream: str, name: str = "palimpsest", source: Path | None = None) -> Target:
@@ -257,6 +271,35 @@ def responses_body(i: int) -> bytes:
 
 # --api: which route phase 1 and 2 send to (both answered by the puppet).
 API = {"chat": ("/chat/completions", chat_body), "responses": ("/responses", responses_body)}
+BODY_KB = 0  # --body-kb: the history each request carries
+
+
+@lru_cache(maxsize=4)
+def _history(api: str, kb: int) -> list[dict]:
+    """A Codex-shaped agent history of about `kb` KB: shell calls and their ~2 KB outputs."""
+    items: list[dict] = []
+    step = 0
+    while len(json.dumps(items)) < kb * 1024:
+        output = " ".join(f"src/module_{step}_{j}.py: ok" for j in range(90))
+        if api == "responses":
+            items += [{"type": "function_call", "call_id": f"call_{step}", "name": "shell",
+                       "arguments": json.dumps({"command": ["rg", "-n", f"step{step}"]})},
+                      {"type": "function_call_output", "call_id": f"call_{step}", "output": output}]
+        else:
+            items += [{"role": "assistant", "content": None, "tool_calls": [
+                          {"id": f"call_{step}", "type": "function",
+                           "function": {"name": "shell", "arguments": json.dumps({"command": f"rg step{step}"})}}]},
+                      {"role": "tool", "tool_call_id": f"call_{step}", "content": output}]
+        step += 1
+    return items
+
+
+def padded_body(api: str, i: int, kb: int) -> bytes:
+    body = json.loads(API[api][1](i))
+    key = "input" if api == "responses" else "messages"
+    first = 1 if api == "chat" else 0  # after chat's system message
+    body[key] = [*body[key][:first + 1], *_history(api, kb), *body[key][first + 1:]]
+    return json.dumps(body).encode()
 
 
 def answer_text(payload: bytes) -> str:
@@ -275,8 +318,11 @@ def headers(target: Target, session: str) -> dict[str, str]:
 async def one_request(http: aiohttp.ClientSession, target: Target, i: int, session: str) -> float:
     """Latency in seconds of one chat request; raises on anything but a proper completion."""
     path, body = API[target.api]
+    data = padded_body(target.api, i, BODY_KB) if BODY_KB else body(i)
+    if BODY_KB:
+        session = f"bench-big-{target.name}"  # one session resending its history with a new message
     started = time.perf_counter()
-    async with http.post(f"{target.base_url}{path}", data=body(i), headers=headers(target, session)) as response:
+    async with http.post(f"{target.base_url}{path}", data=data, headers=headers(target, session)) as response:
         payload = await response.read()
         elapsed = time.perf_counter() - started
     if response.status != 200:
@@ -375,7 +421,8 @@ def render(rows: list[dict], notes: list[str], args: argparse.Namespace) -> str:
 
     head = (f"{'target':<11} {'version':<19} {'p50':>7} {'p99':>7} {'+p50':>7} {'+p99':>7} "
             f"{'Δp50':>7} {'Δp99':>7} {'req/s':>8} {'err':>5} {'p50@C':>7} {'RSS MB':>7}")
-    lines = [f"pass-through overhead: {args.n} sequential requests per target (interleaved), "
+    body = f"{args.api} route" + (f", ~{args.body_kb} KB agent history per request" if args.body_kb else "")
+    lines = [f"pass-through overhead ({body}): {args.n} sequential requests per target (interleaved), "
              f"then {args.concurrency} concurrent clients x {args.seconds:g}s per target; "
              f"latencies in ms", head, "-" * len(head)]
     for r in rows:
@@ -393,6 +440,9 @@ def render(rows: list[dict], notes: list[str], args: argparse.Namespace) -> str:
         checks = [f"added p50 {f(ours['added_p50_ms'])} ms (target <= 1)",
                   f"added p99 {f(ours['added_p99_ms'])} ms (target <= 5)",
                   f"idle RSS {f(ours['idle_rss_mb'], 0)} MB (target <= 150)"]
+        if (bare := by_name.get("bare")) is not None and bare["added_p50_ms"] and bare["added_p50_ms"] > 0:
+            checks.append(f"added p50 {ours['added_p50_ms'] / bare['added_p50_ms']:.1f}x the bare relay's "
+                          f"{f(bare['added_p50_ms'])} ms (target <= 2)")
         if (peer := by_name.get("litellm")) is not None and peer["rps"]:
             checks.append(f"throughput {ours['rps'] / peer['rps']:.1f}x LiteLLM's (target >= 3)")
         lines.append("palimpsest: " + "; ".join(checks))
@@ -412,7 +462,8 @@ async def run(args: argparse.Namespace, work: Path) -> tuple[list[dict], list[st
                         "load generator, upstream and proxies share them"]
     direct = start_puppet(work)
     started = [direct]
-    starters = {"palimpsest": lambda: start_palimpsest(work, direct.base_url),
+    starters = {"bare": lambda: start_bare(work, direct.base_url),
+                "palimpsest": lambda: start_palimpsest(work, direct.base_url),
                 "litellm": lambda: start_litellm(work, direct.base_url, args.peers),
                 "headroom": lambda: start_headroom(work, direct.base_url, args.peers)}
     try:
@@ -475,8 +526,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument("--api", choices=sorted(API), default="chat",
                         help="the route measured: chat completions, or the Responses API (peers may not serve it)")
+    parser.add_argument("--body-kb", type=int, default=0,
+                        help="pad each request with an agent history of about this many KB (one session per target)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the work dir with logs")
     args = parser.parse_args(argv)
+    global BODY_KB
+    BODY_KB = args.body_kb
     with contextlib.suppress(ImportError):
         import uvloop  # a faster loop keeps the load generator out of the way
 

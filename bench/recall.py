@@ -317,7 +317,7 @@ async def longmemeval(args, cases: list[dict], tool_times: dict) -> tuple[list[d
 
 def wrap_tools(bench: Bench, tool_times: dict[str, list[float]]) -> None:
     """Time every recall tool execution of the recall loop (index catch-up included)."""
-    tools = bench.gateway.app[PIPELINE].recall.tools
+    tools = bench.gateway.app[PIPELINE].loop.tools
     original = tools.run
 
     async def timed(call, *, kind, **kw):
@@ -435,7 +435,7 @@ async def search_latency(args, bench: Bench, cases: list[dict]) -> dict:
     """session_search as the recall loop runs it (RecallTools.run: index catch-up check, hybrid
     search, result JSON), on the ~500-event session of the first case, warm."""
     app = bench.gateway.app
-    tools = app[PIPELINE].recall.tools
+    tools = app[PIPELINE].loop.tools
     case = cases[0]
     sid = f"lme-json-{case['question_id']}"
     key = bench.gateway.session_key(sid)

@@ -33,11 +33,11 @@ from gateway.pipeline.recall_loop import RecallLoop
 from gateway.pipeline.turn import TurnRecorder
 from gateway.jobs.indexer import Indexer
 from gateway.recall.tools import RecallTools
-from gateway.keys import INDEXER, CHECKPOINTS, COUNTER, IDENTITY, LEDGER, MESSAGES, METRICS, PIPELINE, RESPONSES, SETTINGS, SUMMARIZER, TURNS, UPSTREAM
-from gateway.messages.loop import MessagesRecallLoop
+from gateway.keys import (INDEXER, CHECKPOINTS, COUNTER, IDENTITY, LEDGER, MESSAGES, METRICS, PIPELINE, RECEIPTS, RESPONSES,
+                          SETTINGS, SUMMARIZER, TURNS, UPSTREAM)
+from gateway.ops.receipts import client_receipt
 from gateway.messages.pipeline import MessagesPipeline
 from gateway.responses.compaction import Compactor
-from gateway.responses.loop import ResponsesRecallLoop
 from gateway.responses.pipeline import ResponsesPipeline
 from gateway.responses.stored import stored_response
 from store.response_ids import ResponseIds
@@ -126,6 +126,7 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_route("GET", "/v1/responses/{response_id}", stored_response)
     app.router.add_route("DELETE", "/v1/responses/{response_id}", stored_response)
     app.router.add_route("GET", "/v1/responses/{response_id}/{tail:input_items}", stored_response)
+    app.router.add_get("/v1/palimpsest/receipts/{receipt_id}", client_receipt)  # the gateway's own: never forwarded
     app.router.add_route("*", "/v1/{tail:.*}", passthrough)
     setup_admin(app)
     return app
@@ -179,35 +180,30 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     indexer = Indexer(ledger, lambda: open_index(settings, upstream), batch_s=settings.recall.index_batch_s)
     turns = TurnLog(settings.store.path, synchronous=settings.store.sync)  # what each request was built on
     app[TURNS] = turns
+    app[RECEIPTS] = turns  # each request's receipt, kept as long as its session (gateway/ops/receipts.py)
     recorder = TurnRecorder(ledger=ledger, metrics=metrics, summaries=summarizer, indexer=indexer, calibration=calibration,
-                            turns=turns)
+                            turns=turns, views=views, receipts=turns)
     recall_tools = RecallTools(ledger, indexer, metrics, settings.recall.search_limit,
                                passage_tokens=settings.recall.passage_tokens,
                                auto_tokens=settings.recall.auto_tokens,
                                auto_placement=settings.recall.auto_placement,
                                auto_timeout_s=settings.recall.auto_timeout_s)
-    loop_parts = dict(upstream=upstream, session_header=settings.session.header, views=views, tools=recall_tools,
-                      recorder=recorder, max_rounds=settings.recall.max_rounds, metrics=metrics)
-    recall = RecallLoop(**loop_parts)
+    # One recall loop for every format: each pipeline is its adapter (gateway/pipeline/adapter.py).
+    recall = RecallLoop(session_header=settings.session.header, views=views, tools=recall_tools, recorder=recorder,
+                        max_rounds=settings.recall.max_rounds, metrics=metrics)
     quota = StorageQuota(ledger, settings.store.max_stored_mb,
                          {name: t.max_stored_mb for name, t in settings.tenant_table().items()})
-    pipeline = ChatPipeline(
-        settings=settings, upstream=upstream, ledger=ledger, identity=app[IDENTITY], metrics=metrics,
-        views=views, recall=recall, recorder=recorder, quota=quota,
-    )
-    app[PIPELINE] = pipeline
-    response_ids = ResponseIds(settings.store.path)
     pipeline_parts = dict(settings=settings, upstream=upstream, ledger=ledger, identity=app[IDENTITY], metrics=metrics,
-                          views=views, recorder=recorder, quota=quota)
+                          views=views, recorder=recorder, quota=quota, loop=recall)
+    app[PIPELINE] = ChatPipeline(**pipeline_parts)
+    response_ids = ResponseIds(settings.store.path)
     responses = ResponsesPipeline(
         **pipeline_parts, response_ids=response_ids,
         compactor=Compactor(ledger=ledger, checkpoints=checkpoints, summarizer=summarizer, views=views,
                             secret=response_ids.secret()),
     )
-    responses.loop = ResponsesRecallLoop(record=responses.record, transport=responses.transport, **loop_parts)
     app[RESPONSES] = responses
     messages = MessagesPipeline(**pipeline_parts)
-    messages.loop = MessagesRecallLoop(**loop_parts)
     app[MESSAGES] = messages
     app[INDEXER] = indexer
     flusher = asyncio.create_task(_flush_answers(ledger, turns), name="ledger-flush")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
-from store.interfaces import CheckpointStore, LedgerStore, SearchIndex, TurnLogStore
+from store.interfaces import CheckpointStore, LedgerStore, ReceiptStore, SearchIndex, TurnLogStore
 
 if TYPE_CHECKING:
     from gateway.http.identity import Identity
@@ -62,6 +62,7 @@ COUNTER: web.AppKey[TokenCounter] = web.AppKey("counter")
 LEDGER: web.AppKey[LedgerStore] = web.AppKey("ledger")
 CHECKPOINTS: web.AppKey[CheckpointStore] = web.AppKey("checkpoints")
 TURNS: web.AppKey[TurnLogStore] = web.AppKey("turns")
+RECEIPTS: web.AppKey[ReceiptStore] = web.AppKey("receipts")
 PIPELINE: web.AppKey[ChatHandler] = web.AppKey("pipeline")
 RESPONSES: web.AppKey[Any] = web.AppKey("responses")  # gateway.responses.pipeline.ResponsesPipeline
 MESSAGES: web.AppKey[Any] = web.AppKey("messages")  # gateway.messages.pipeline.MessagesPipeline

@@ -220,6 +220,8 @@ class TenantSettings(_Section):
     key: SecretStr = Field(..., description="The tenant's client API key.")
     upstream_key: SecretStr = Field(SecretStr(""), description="Provider key used for this tenant instead of upstream.api_key.")
     max_stored_mb: float | None = Field(None, gt=0, description="Ledger storage quota for this tenant (default store.max_stored_mb).")
+    bypass: bool = Field(False, description="Send this tenant's requests upstream untouched (still recorded), "
+                         "as x-palimpsest-bypass: 1 does for one request.")
 
 
 class LogSettings(_Section):
@@ -381,6 +383,12 @@ def example_toml() -> str:
         '# key = "pk-beta-..."',
         '# upstream_key = "sk-provider-beta-..."',
         "# max_stored_mb = 500",
+        "# A tenant whose requests all go upstream untouched, still recorded (default false; the header",
+        "# x-palimpsest-bypass: 1 asks the same for one request): a control group, or a client that",
+        "# must see the provider exactly.",
+        "# [tenants.control]",
+        '# key = "pk-control-..."',
+        "# bypass = true",
         "",
         "# Policy overrides, applied in order to requests whose model and/or session id match the",
         "# globs (later wins). Any [policy] key may be set.",

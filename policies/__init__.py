@@ -4,7 +4,7 @@ Messages and a ``Policy`` in, messages and stats out; no I/O, no clocks, no modu
 only stateful objects (``TokenCounter``, ``Calibration``) are created by the shell and passed in.
 """
 
-from policies.compaction import CheckpointMark, CompactionStats, compact_tool_results, plan_view, round_sizes, truncate_head_tail
+from policies.compaction import CheckpointMark, CompactionStats, PlanEvent, compact_tool_results, plan_view, round_sizes, truncate_head_tail
 from policies.extraction import extract_exact_values, format_exact_values, merge_state
 from policies.policy import PROFILES, Policy, PolicyOverride, ToolRule, resolve_policy
 from policies.projection import project_view, render_summary_block
@@ -30,6 +30,7 @@ __all__ = [
     "REQUIRED_SECTIONS",
     "Calibration",
     "CompactionStats",
+    "PlanEvent",
     "ContextOverflow",
     "Policy",
     "PolicyOverride",

@@ -14,7 +14,7 @@ and an appended turn never moves it backwards.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from policies.cost import cost_rates, event_pays, further_requests
 from policies.messages import content_text, tool_names_by_call_id, with_text
@@ -33,6 +33,8 @@ class CompactionStats:
     # up in a long loop; past a point only a summary can fold them.
     compacted_tokens: int = 0
     raw_tail_tokens: int = 0  # the rounds from the frontier on, as they go up (uncompacted)
+    placeholders: list[int] = field(default_factory=list)  # indexes of results that became placeholders
+    cut: list[int] = field(default_factory=list)  # indexes of results cut head/tail
 
 
 def truncate_head_tail(text: str, head_tokens: int, tail_tokens: int, counter: TokenCounter, marker: str) -> str:
@@ -106,6 +108,22 @@ def _jump(raw: list[int], compacted: list[int], frontier: int, view: float, n: i
 
 
 @dataclass(frozen=True, slots=True)
+class PlanEvent:
+    """One compaction event of a view plan, and why it happened (a request's receipt shows them).
+
+    ``reason``: ``window`` (the view was over ``sync_compaction_ratio`` of the budget, or a sync
+    summary was written because the request did not fit), ``cost_model`` (under that ratio, the
+    smaller view pays for its rewrite, ``policies/cost.event_pays``), ``profile`` (the cost model
+    is off: the profile's ``compact_trigger_ratio`` alone decided)."""
+
+    round: int  # the round that pushed the view over
+    reason: str
+    tokens_before: int  # the view as it would have been, appended
+    tokens_after: int  # the view after the event
+    checkpoint: int | None  # index into the marks of the checkpoint the view uses from here
+
+
+@dataclass(frozen=True, slots=True)
 class CheckpointMark:
     """What view planning needs of one checkpoint on the request's path (message indexes)."""
 
@@ -116,7 +134,8 @@ class CheckpointMark:
 
 
 def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int], fixed: int,
-              marks: list[CheckpointMark], policy: Policy, budget: int) -> tuple[int | None, int]:
+              marks: list[CheckpointMark], policy: Policy, budget: int,
+              events: list[PlanEvent] | None = None) -> tuple[int | None, int]:
     """Which checkpoint the view uses and where its compaction frontier is (a round index).
 
     Replays the path's rounds from a view of ``fixed`` tokens. While the view stays under
@@ -134,7 +153,9 @@ def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int
     it pays (``policies/cost.event_pays``): the rewritten prefix, billed uncached, against the
     cached-rate saving of the smaller view over the session's likely further requests (its
     rounds so far). Over ``sync_compaction_ratio``, or with ``cost_model`` off, it always does.
-    Returns (index into ``marks`` or None, frontier round).
+    Returns (index into ``marks`` or None, frontier round); each event taken is appended to
+    ``events`` when given, and a round whose event the cost model deferred counts in it as a
+    ``PlanEvent`` of reason ``deferred``.
     """
     high = policy.compact_trigger_ratio * budget
     must = policy.sync_compaction_ratio * budget
@@ -163,7 +184,12 @@ def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int
         frontier, view = _jump(raw, compacted, frontier, view, n, low, policy)
         if (policy.cost_model and n not in forced and before[3] <= must
                 and not event_pays(before[3], view, further_requests(n + 1), rates)):
+            if events is not None:
+                events.append(PlanEvent(n, "deferred", int(before[3]), int(before[3]), before[0]))
             active, first, frontier, view = before  # not worth its rewrite yet: the view appends
+        elif events is not None:
+            reason = ("window" if n in forced or before[3] > must else "cost_model" if policy.cost_model else "profile")
+            events.append(PlanEvent(n, reason, int(before[3]), int(view), active))
     return active, frontier
 
 
@@ -293,6 +319,7 @@ def compact_tool_results(
             if new is messages[i]:
                 continue
             out[i] = new
+            (stats.placeholders if replaced else stats.cut).append(i)
             placeholders += replaced
             stats.replaced += replaced
             stats.truncated += not replaced

@@ -11,7 +11,7 @@ request the provider would reject.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from policies.messages import INSTRUCTION_ROLES, content_text, with_text
 from policies.projection import is_summary_block
@@ -46,6 +46,8 @@ class TailorStats:
     truncated_last_message: bool = False
     tokens_before: int = 0
     tokens_after: int = 0
+    kept: list[int] | None = None  # per output message, its index in the input (None: all kept)
+    cut: list[int] = field(default_factory=list)  # output positions whose content was cut
 
 
 def tailor(
@@ -98,6 +100,7 @@ def tailor(
         stats.dropped_rounds += 1
         stats.dropped_messages += end - start
     kept = [i for i in range(len(messages)) if i not in dropped]
+    stats.kept = kept
     out = [messages[i] for i in kept]
     sizes = [counts[i] for i in kept]
 
@@ -118,6 +121,7 @@ def tailor(
                 total -= sizes[j] - new_size
                 out[j], sizes[j] = shrunk, new_size
                 stats.truncated_messages += 1
+                stats.cut.append(j)
                 stats.truncated_tool_results += out[j].get("role") == "tool"
                 stats.truncated_last_message |= kept[j] == last_user
     stats.tokens_after = total

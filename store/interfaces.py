@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from store.records import Checkpoint
     from store.index import Hit, IndexedEvent
     from store.records import Event, PathSync, SessionRecord, SessionRef
-    from store.turns import TurnBasis
+    from store.turns import StoredReceipt, TurnBasis
 
 
 class StoreBusy(Exception):
@@ -203,3 +203,19 @@ class TurnLogStore(Protocol):
     def delete_session(self, session_key: str) -> int: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class ReceiptStore(Protocol):
+    """Each request's receipt (``gateway/ops/receipts.py``), kept as long as its session:
+    ``store.turns.TurnLog`` keeps them next to the turn rows and deletes them with the session."""
+
+    def add_receipt(self, receipt: StoredReceipt) -> None:
+        """Remember one receipt (buffered: it reaches the store with the next `flush`)."""
+        ...
+
+    def receipt(self, receipt_id: str) -> StoredReceipt | None: ...
+
+    def flush(self) -> None: ...
+
+    def delete_session(self, session_key: str) -> int: ...

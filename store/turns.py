@@ -10,6 +10,10 @@ The embedded backend is its own small SQLite file (``turns.sqlite3`` under ``sto
 apart from the ledger so recording never touches the ledger's transactions or its events. Rows
 are buffered in memory and written in one transaction by ``flush`` (the app calls it every
 ~0.5 s and on close), so the request path only appends to a list.
+
+The same file keeps each request's receipt (``gateway/ops/receipts.py``): a JSON document under
+a random id, with the tenant that may read it. Receipts go when their session goes (deletion,
+the retention sweep), so they live exactly as long as the session's retention.
 """
 
 from __future__ import annotations
@@ -39,6 +43,14 @@ CREATE TABLE IF NOT EXISTS turns (
     cost_usd        REAL
 );
 CREATE INDEX IF NOT EXISTS turns_by_session ON turns (session_key, created);
+CREATE TABLE IF NOT EXISTS receipts (
+    id          TEXT PRIMARY KEY,
+    session_key TEXT NOT NULL,
+    tenant      TEXT NOT NULL,
+    created     REAL NOT NULL,
+    body        BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS receipts_by_session ON receipts (session_key);
 """
 
 
@@ -61,14 +73,29 @@ class TurnBasis:
     uncached_tokens: int | None = None
     cache_write_tokens: int | None = None
     cost_usd: float | None = None  # None: the model's price is not known
+    receipt: str | None = None  # the request's receipt id (x-palimpsest-receipt)
+    compaction_event: bool = False  # the view plan rewrote the prompt prefix at this request
+    billed_units: float | None = None  # the request's upstream calls in uncached-input-token units
+    created: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredReceipt:
+    """One request's receipt as stored: its JSON body and whose it is."""
+
+    id: str
+    session_key: str
+    tenant: str
+    body: bytes
     created: float = field(default_factory=time.time)
 
 
 _COLUMNS = ("session_key", "node", "answer", "created", "model", "window", "budget", "client_tokens",
             "upstream_tokens", "checkpoint", "recall_calls", "cached_tokens", "uncached_tokens",
-            "cache_write_tokens", "cost_usd")
+            "cache_write_tokens", "cost_usd", "receipt", "compaction_event", "billed_units")
 # Columns added after the first schema: a turn log written before them gains them on open.
-_ADDED = {"cached_tokens": "INTEGER", "uncached_tokens": "INTEGER", "cache_write_tokens": "INTEGER", "cost_usd": "REAL"}
+_ADDED = {"cached_tokens": "INTEGER", "uncached_tokens": "INTEGER", "cache_write_tokens": "INTEGER", "cost_usd": "REAL",
+          "receipt": "TEXT", "compaction_event": "INTEGER NOT NULL DEFAULT 0", "billed_units": "REAL"}
 
 
 def _row(basis: TurnBasis) -> tuple:
@@ -91,22 +118,37 @@ class TurnLog:
             if column not in have:
                 self._db.execute(f"ALTER TABLE turns ADD COLUMN {column} {kind}")
         self._pending: list[TurnBasis] = []
+        self._receipts: list[StoredReceipt] = []
         self._lock = threading.Lock()
 
     def add(self, basis: TurnBasis) -> None:
         """Remember one request's basis; it reaches the disk with the next `flush`."""
         self._pending.append(basis)
 
+    def add_receipt(self, receipt: StoredReceipt) -> None:
+        """Remember one request's receipt; it reaches the disk with the next `flush`."""
+        self._receipts.append(receipt)
+
+    def receipt(self, receipt_id: str) -> StoredReceipt | None:
+        self.flush()
+        row = self._db.execute("SELECT id, session_key, tenant, body, created FROM receipts WHERE id = ?",
+                               (receipt_id,)).fetchone()
+        return StoredReceipt(row[0], row[1], row[2], bytes(row[3]), row[4]) if row else None
+
     def flush(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, []
-            if not pending:
+            receipts, self._receipts = self._receipts, []
+            if not pending and not receipts:
                 return
             cols = ", ".join(_COLUMNS)
             with self._db:
                 self._db.execute("BEGIN")
                 self._db.executemany(f"INSERT INTO turns ({cols}) VALUES ({', '.join('?' * len(_COLUMNS))})",
                                      [_row(b) for b in pending])
+                self._db.executemany("INSERT OR REPLACE INTO receipts (id, session_key, tenant, created, body) "
+                                     "VALUES (?, ?, ?, ?, ?)",
+                                     [(r.id, r.session_key, r.tenant, r.created, r.body) for r in receipts])
 
     def session(self, session_key: str) -> list[TurnBasis]:
         """Every recorded request of the session, oldest first."""
@@ -114,11 +156,13 @@ class TurnLog:
         rows = self._db.execute(
             f"SELECT {', '.join(_COLUMNS)} FROM turns WHERE session_key = ? ORDER BY created", (session_key,)
         ).fetchall()
-        return [TurnBasis(**dict(zip(_COLUMNS, row))) for row in rows]
+        return [TurnBasis(**{**dict(zip(_COLUMNS, row)), "compaction_event": bool(row[-2])}) for row in rows]
 
     def delete_session(self, session_key: str) -> int:
+        """Delete the session's rows and its receipts; the number of rows deleted."""
         self.flush()
         with self._db:
+            self._db.execute("DELETE FROM receipts WHERE session_key = ?", (session_key,))
             return self._db.execute("DELETE FROM turns WHERE session_key = ?", (session_key,)).rowcount
 
     def close(self) -> None:

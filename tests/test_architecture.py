@@ -175,7 +175,7 @@ def _cycles(modules: dict[str, Module]) -> list[list[str]]:
 
 
 def test_the_graph_sees_the_imports():
-    pipeline = MODULES["gateway.chat.pipeline"]
+    pipeline = MODULES["gateway.pipeline.pipeline"]
     assert {"gateway.pipeline.views", "gateway.http.errors", "gateway.keys"} <= pipeline.runtime
     assert "gateway.ops.metrics" not in MODULES["gateway.ops.inspection"].runtime
 

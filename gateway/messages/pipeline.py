@@ -8,7 +8,7 @@ model the Messages adapter parses (``gateway/messages/adapter.py``):
 2. sync the conversation into the ledger (durable before the upstream call),
 3. build the view (shared ``ViewBuilder``: projection, compaction, recall tools, tailoring),
 4. forward (the client's bytes when the view is unchanged, else the rendered view with the
-   gateway's cache breakpoints); resolve recall calls in the loop (``gateway/messages/loop.py``),
+   gateway's cache breakpoints); resolve recall calls in the shared loop (``gateway/messages/recall.py`` reads its answers),
 5. record the answer (the blocks the client saw).
 
 Errors the gateway itself answers on these routes use Anthropic's envelope
@@ -31,7 +31,8 @@ from gateway.messages import adapter as fmt
 from gateway.pipeline.pipeline import StreamWatch, WirePipeline
 from gateway.http.errors import GatewayError, UpstreamErrorEvent, anthropic_error_type
 from gateway.messages.fork import FORMAT_HEADERS, summary_fork as messages_fork
-from gateway.messages.stream import MessageAssembler, chat_usage, encode, visible_blocks
+from gateway.messages.recall import RECALL
+from gateway.messages.stream import MessageAssembler, answer_of, chat_usage, encode
 from gateway.ops.readonly import NoMetrics, NoSummaries
 from store.canonical import path_ids
 
@@ -48,14 +49,6 @@ def parse_and_hash(raw: bytes):
 def upstream_path(request: web.Request) -> str:
     """The upstream path with the client's query (Claude Code sends ``?beta=true``)."""
     return PATH + (f"?{request.query_string}" if request.query_string else "")
-
-
-def answer_of(message: dict, names: tuple[str, str] | None = None) -> dict | None:
-    """The neutral assistant item of what the client got (None for an incomplete answer)."""
-    if not isinstance(message, dict) or not isinstance(message.get("content"), list) or not message.get("stop_reason"):
-        return None
-    blocks = visible_blocks(message["content"], names)
-    return fmt.assistant_item(blocks) if blocks else None
 
 
 class MessagesWatch(StreamWatch):
@@ -77,6 +70,7 @@ class MessagesPipeline(WirePipeline):
     route = ROUTE
     path = PATH
     credentials = CREDENTIALS
+    recall_format = RECALL
 
     def __init__(self, **parts) -> None:
         super().__init__(**parts)
@@ -105,10 +99,20 @@ class MessagesPipeline(WirePipeline):
 
         def fork(turn: Turn, answer: dict):
             view = turn.view
-            parent = turn.chat.body if view.messages is None else fmt.render_body(turn.chat, view.messages, view.tools)
+            tools = turn.chat.body.get("tools") if turn.recall_refused else view.tools
+            parent = turn.chat.body if view.messages is None else fmt.render_body(turn.chat, view.messages, tools)
             return messages_fork(parent, answer, view.upstream_tokens, headers, query)
 
         return fork
+    def wire_count(self, turn: Turn) -> int | None:
+        """The first upstream body re-read: its system blocks are one instruction, and consecutive
+        user-side items one user message, where the neutral view holds them apart."""
+        view = turn.view
+        tools = turn.chat.body.get("tools") if turn.recall_refused or view.tools is None else view.tools
+        body = fmt.render_body(turn.chat, view.messages, tools)
+        sent = fmt.parse_messages_request(orjson.dumps(body))
+        counter = self.views.counter
+        return counter.count_messages([*sent.instructions, *sent.history]) + self.views.tool_tokens(sent, body.get("tools"))
 
     async def end_stream(self, response: web.StreamResponse, error: GatewayError) -> None:
         await end_stream_with_error(response, error)

@@ -21,6 +21,8 @@ from typing import Any
 
 import orjson
 
+from gateway.messages import adapter as fmt
+
 USAGE_KEYS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
 THINKING = frozenset({"thinking", "redacted_thinking"})
 
@@ -246,3 +248,11 @@ class MessageStreamFilter:
         if self.assembler.stop_reason == "tool_use" and not any(b.get("type") == "tool_use" for b in self.visible):
             delta["stop_reason"] = "end_turn"
         return encode({"type": "message_delta", "delta": delta, "usage": self.usage or {}}) + encode({"type": "message_stop"})
+
+
+def answer_of(message: dict, names: tuple[str, str] | None = None) -> dict | None:
+    """The neutral assistant item of what the client got (None for an incomplete answer)."""
+    if not isinstance(message, dict) or not isinstance(message.get("content"), list) or not message.get("stop_reason"):
+        return None
+    blocks = visible_blocks(message["content"], names)
+    return fmt.assistant_item(blocks) if blocks else None

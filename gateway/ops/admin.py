@@ -1,7 +1,9 @@
 """Admin API and inspector UI behind server.admin_token (docs/architecture.md, "Inspection").
 
     GET  /admin/ui                                 the inspector page (no token: it asks for one)
+    GET  /admin/static/{file}                      the page's charting library (uPlot 1.6.32, MIT, vendored)
     GET  /admin/sessions?tenant=&limit=            sessions, newest first
+    GET  /admin/receipts/{id}                      one request's receipt (gateway/ops/receipts.py), any tenant's
     GET  /admin/sessions/{tenant}/{hash}           branches, events, checkpoints, per-request tokens
     GET  /admin/sessions/{tenant}/{hash}/view      the exact view the upstream would receive
     POST /admin/sessions/{tenant}/{hash}/view      same, with {"system", "tools", "model", ...}
@@ -27,14 +29,20 @@ from aiohttp import web
 
 from gateway.http.errors import BadRequest, NotFound, Unauthorized
 from gateway.ops.inspection import Inspector, ViewInputs
-from gateway.keys import CHECKPOINTS, LEDGER, PIPELINE, SETTINGS, TURNS
+from gateway.keys import CHECKPOINTS, LEDGER, PIPELINE, RECEIPTS, SETTINGS, TURNS
+from gateway.ops.receipts import receipt_response
 
 INSPECTOR: web.AppKey[Inspector] = web.AppKey("inspector", Inspector)
 UI_PAGE = Path(__file__).parent / "static" / "inspector.html"
+# The session chart's library, served from the package (the gateway may run offline): uPlot
+# 1.6.32 (MIT; its licence beside it), the npm package's built files unchanged.
+STATIC = {name: (Path(__file__).parent / "static" / name, kind) for name, kind in (
+    ("uPlot.iife.min.js", "text/javascript"), ("uPlot.min.css", "text/css"), ("uPlot.LICENSE", "text/plain"))}
 MAX_LIST = 1000
-# The page is self-contained: inline script and style, API calls to this origin only. Session
-# content is rendered as text, and this policy is the second line against injected markup.
-UI_POLICY = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+# The page: inline script and style plus the vendored chart library from this origin, API calls
+# to this origin only. Session content is rendered as text, and this policy is the second line
+# against injected markup.
+UI_POLICY = ("default-src 'none'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
              "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
 
@@ -46,11 +54,13 @@ def setup_admin(app: web.Application) -> None:
         return
     app.cleanup_ctx.append(_inspector)
     app.router.add_get("/admin/ui", ui_page)
+    app.router.add_get("/admin/static/{name}", static_file)
     app.router.add_get("/admin/sessions", list_sessions)
     app.router.add_get("/admin/sessions/{tenant}/{digest}", session_detail)
     app.router.add_get("/admin/sessions/{tenant}/{digest}/view", session_view)
     app.router.add_post("/admin/sessions/{tenant}/{digest}/view", session_view)
     app.router.add_delete("/admin/sessions/{tenant}/{digest}", session_delete)
+    app.router.add_get("/admin/receipts/{receipt_id}", admin_receipt)
 
 
 async def _off(request: web.Request) -> web.Response:
@@ -136,6 +146,16 @@ async def ui_page(request: web.Request) -> web.StreamResponse:
     })
 
 
+async def static_file(request: web.Request) -> web.StreamResponse:
+    """The page's vendored library (code, no session data: served without the token, like the page)."""
+    found = STATIC.get(request.match_info["name"])
+    if found is None:
+        raise NotFound(f"Unknown path '{request.path}'.")
+    path, kind = found
+    return web.FileResponse(path, headers={"Content-Type": f"{kind}; charset=utf-8", "X-Content-Type-Options": "nosniff",
+                                           "Cache-Control": "public, max-age=86400"})
+
+
 async def list_sessions(request: web.Request) -> web.Response:
     inspector = _authorize(request)
     limit = _int(request, "limit")
@@ -169,3 +189,10 @@ async def session_delete(request: web.Request) -> web.Response:
     deleted = await delete_session(record.key, ledger=request.app[LEDGER], checkpoints=request.app[CHECKPOINTS], index=index)
     request.app[TURNS].delete_session(record.key)
     return _json({"id": record.key, "object": "session.deleted", "deleted": True, **deleted})
+
+
+async def admin_receipt(request: web.Request) -> web.Response:
+    """One request's receipt, whichever tenant's (the operator's token)."""
+    _authorize(request)
+    receipt_id = request.match_info["receipt_id"]
+    return receipt_response(request.app[RECEIPTS].receipt(receipt_id), receipt_id)

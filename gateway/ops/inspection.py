@@ -194,7 +194,9 @@ class Inspector:
                         "answered": basis.answer is not None, "model": basis.model, "window": basis.window,
                         "budget": basis.budget, "recall_calls": basis.recall_calls, "created": basis.created,
                         "cached_tokens": basis.cached_tokens, "uncached_tokens": basis.uncached_tokens,
-                        "cache_write_tokens": basis.cache_write_tokens, "cost_usd": basis.cost_usd})
+                        "cache_write_tokens": basis.cache_write_tokens, "cost_usd": basis.cost_usd,
+                        "receipt": basis.receipt, "compaction_event": basis.compaction_event,
+                        "billed_units": basis.billed_units})
         return out
 
     async def projected_view(self, record: SessionRecord, head: str | None = None, inputs: ViewInputs | None = None,

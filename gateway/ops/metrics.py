@@ -85,6 +85,8 @@ class Metrics:
         self.store_sessions = Gauge(p + "store_sessions", "Sessions in the ledger.", registry=r)
         self.ledger_events = Counter(p + "ledger_events_appended_total", "Events appended to the ledger.", ["kind"], registry=r)
         self.store_write_errors = Counter(p + "store_write_errors_total", "Best-effort ledger writes that failed (answer, recall_side_events).", ["what"], registry=r)
+        self.bypassed = Counter(p + "bypassed_requests_total", "Requests sent upstream untouched (x-palimpsest-bypass, "
+                                "[tenants.NAME] bypass), by route and reason (header, tenant).", ["route", "reason"], registry=r)
         # Billed tokens and money, by caller, and the direct counterfactual (gateway/ops/costs.py).
         self.costs = Costs(r, prices)
         # The holdout (policies/holdout.py): the same figures per arm, holdout (sent as direct) or compacted.

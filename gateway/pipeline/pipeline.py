@@ -21,13 +21,16 @@ from aiohttp import web
 
 from gateway.pipeline import offload
 from gateway.pipeline.fork import Forker
+from gateway.pipeline.adapter import RecallFormat
+from gateway.pipeline.bypass import BYPASS_HEADER, bypass_reason
 from gateway.pipeline.quota import StorageQuota
+from gateway.pipeline.relay import DONE, upstream_events
 from gateway.pipeline.turn import Timing, Turn, TurnRecorder
 from gateway.pipeline.views import View, ViewBuilder
 from gateway.http.errors import GatewayError, UpstreamIncomplete
 from gateway.http.identity import Identity
-from gateway.http.sse import SSEDecoder
 from gateway.http.upstream import Upstream, response_headers
+from gateway.ops.receipts import RECEIPT_HEADER, new_receipt_id
 from gateway.keys import LOG_FIELDS, MODEL, REQUEST_ID, SESSION, TENANT, UPSTREAM_KEY
 from store import call as store_call
 from store.records import SessionRef
@@ -46,6 +49,9 @@ class StreamWatch:
     def feed(self, event: dict) -> None:
         raise NotImplementedError
 
+    def done(self) -> None:
+        """The stream's ``data: [DONE]`` sentinel (Chat Completions ends its streams with it)."""
+
 
 class WirePipeline:
     route = "chat"
@@ -62,8 +68,9 @@ class WirePipeline:
         self.views = views
         self.recorder = recorder
         self.quota = quota  # per-tenant storage quotas (gateway/pipeline/quota.py)
-        self.loop = loop  # the format's RecallLoop, set by the composition root
-        self._drop = frozenset({settings.session.header.lower()})
+        self.loop = loop  # the recall loop (gateway/pipeline/recall_loop.py), one for every format
+        self._drop = frozenset({settings.session.header.lower(), BYPASS_HEADER})
+        self._bypass_tenants = frozenset(name for name, t in settings.tenant_table().items() if t.bypass)
 
     # -- the format's own ---------------------------------------------------------------------
 
@@ -89,6 +96,11 @@ class WirePipeline:
     def upstream_path(self, request: web.Request) -> str:
         return self.path
 
+    def wire_count(self, turn: Turn) -> int | None:
+        """The prompt tokens of the turn's first upstream body as this format's adapter reads it
+        back, when that differs from counting the neutral view (the receipt itemises it)."""
+        return None
+
     def transport(self, model: str):
         """The upstream client for `model` (``post`` and ``reader``)."""
         return self.upstream
@@ -100,6 +112,21 @@ class WirePipeline:
         """The format's cache fork of a turn's view for its summary call (None: that format
         has none, and a summary reads the transcript instead)."""
         return None
+    # The format's answers for the recall loop (its recall.py): this pipeline is the loop's adapter.
+    recall_format: RecallFormat
+
+    def recall_body(self, turn: Turn, messages: list[dict], with_recall: bool, stream: bool) -> bytes:
+        return self.recall_format.body(turn, messages, with_recall, stream)
+
+    def json_turn(self, turn: Turn):
+        return self.recall_format.json_turn(turn)
+
+    def recall_stream(self, turn: Turn):
+        return self.recall_format.stream(turn)
+
+    def recalls(self, turn: Turn) -> bool:
+        """Whether the recall loop serves this turn (its view carries the recall tools)."""
+        return turn.view.recall_names is not None
 
     # -- shared steps --------------------------------------------------------------------------
 
@@ -129,15 +156,30 @@ class WirePipeline:
     async def view(self, chat, ref: SessionRef | None, auth) -> View:
         return await offload.build_view(self.views, chat, ref, auth) if ref is not None and chat.ids else View()
 
-    def turn(self, request: web.Request, chat, ref: SessionRef | None, timing: Timing, view: View, auth) -> Turn:
-        turn = Turn(chat, ref, request[MODEL], timing, view, auth=auth, route=self.route, fork=self.forker(request))
+    def bypass(self, request: web.Request, tenant: str) -> str | None:
+        """Why this request goes upstream untouched (gateway/pipeline/bypass.py), counted."""
+        reason = bypass_reason(request, tenant, self._bypass_tenants)
+        if reason is not None:
+            self.metrics.bypassed.labels(self.route, reason).inc()
+        return reason
+
+    def turn(self, request: web.Request, chat, ref: SessionRef | None, timing: Timing, view: View, auth,
+             bypass: str | None = None) -> Turn:
+        turn = Turn(chat, ref, request[MODEL], timing, view, auth=auth, route=self.route, bypass=bypass,
+                    wire_count=self.wire_count, fork=self.forker(request))
         turn.headers["x-request-id"] = request.get(REQUEST_ID, "")
         if ref is not None:
+            turn.receipt = new_receipt_id()
+            turn.headers[RECEIPT_HEADER] = turn.receipt
             turn.headers["x-palimpsest-session"] = ref.session_id
             turn.headers["x-palimpsest-prompt-tokens-client"] = str(view.client_tokens)
             turn.headers["x-palimpsest-prompt-tokens-upstream"] = str(view.upstream_tokens)
             if view.checkpoint:
                 turn.headers["x-palimpsest-checkpoint"] = view.checkpoint
+            if view.truncated_tool_results:
+                turn.headers["x-palimpsest-truncated-tool-results"] = str(view.truncated_tool_results)
+            if view.truncated_last_message:
+                turn.headers["x-palimpsest-truncated-last-message"] = "true"
         return turn
 
     async def start(self, request: web.Request):
@@ -151,19 +193,20 @@ class WirePipeline:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         timing, tenant, chat, ids = await self.start(request)
+        bypass = self.bypass(request, tenant)
         ref = self.identity.session(request, tenant, ids[0] if ids else None)
         await self.admit(request, chat, ids, ref)
         auth = self.auth(request)
-        view = await self.view(chat, ref, auth)
+        view = View() if bypass else await self.view(chat, ref, auth)
         await self.sync(request, chat, ids, ref)
-        return await self.serve(request, self.turn(request, chat, ref, timing, view, auth))
+        return await self.serve(request, self.turn(request, chat, ref, timing, view, auth, bypass))
 
     async def serve(self, request: web.Request, turn: Turn) -> web.StreamResponse:
         """The recall loop when the view carries recall tools, else the plain relay; observed
         and logged whatever happens."""
         try:
-            if turn.view.recall_names is not None:
-                response = await self.loop.respond(request, turn)
+            if self.recalls(turn):
+                response = await self.loop.respond(request, turn, self)  # this pipeline is the loop's RecallAdapter
             else:
                 response = await self.relay(request, turn)
             if turn.failure is None:
@@ -177,6 +220,8 @@ class WirePipeline:
             view = turn.view
             request[LOG_FIELDS] = {"tokens_client": view.client_tokens, "tokens_upstream": view.upstream_tokens,
                                    "upstream_ms": round(turn.timing.upstream * 1000, 2), "recall_calls": turn.recall_calls}
+            if turn.failure is not None:  # the status line said 200; the stream ended with this error
+                request[LOG_FIELDS]["stream_error"] = turn.failure.code
 
     # -- the plain relay -----------------------------------------------------------------------
 
@@ -202,6 +247,9 @@ class WirePipeline:
                     turn.timing.waiting(t0)
                     if up.status == 200:
                         self._learn_payload(turn, payload)
+                        self.recorder.bill(turn)
+                        if turn.billed is not None:  # known before the body goes out: JSON answers only
+                            headers["x-palimpsest-cached-tokens"] = str(turn.billed.cached)
                     response = web.Response(status=up.status, reason=up.reason, body=payload, headers=headers)
                     await self.record(turn, request.get(TENANT))  # durable before the client has it
                     await response.prepare(request)
@@ -216,29 +264,29 @@ class WirePipeline:
                 await self.record(turn, request.get(TENANT))  # durable before the stream ends
                 await response.write_eof()
         except GatewayError as exc:
-            if response is None or not response.prepared:
-                raise
-            self.recorder.failed_in_stream(turn, exc)
-            await self.end_stream(response, exc)
+            return await self.stream_failed(response, turn, exc)
+        return response
+
+    async def stream_failed(self, response: web.StreamResponse | None, turn: Turn, error: GatewayError) -> web.StreamResponse:
+        """`error` before the client's stream started goes up to the error middleware; after,
+        the answer is incomplete (not recorded) and the stream ends with the format's error event."""
+        if response is None or not response.prepared:
+            raise error
+        self.recorder.failed_in_stream(turn, error)
+        await self.end_stream(response, error)
         return response
 
     async def _pump(self, reader, response: web.StreamResponse, turn: Turn) -> StreamWatch:
         """Relay the upstream's bytes as they come; the answer read on the side."""
-        decoder, watch = SSEDecoder(), self.watch()
-        while True:
-            t0 = time.perf_counter()
-            chunk = await reader.chunk()
-            turn.timing.waiting(t0)
-            if not chunk:
-                return watch
+        watch = self.watch()
+        async for chunk, events in upstream_events(reader, turn.timing):
             await response.write(chunk)
-            for data in decoder.feed(chunk):
-                try:
-                    event = orjson.loads(data)
-                except orjson.JSONDecodeError:
-                    continue
-                if isinstance(event, dict):
+            for event in events:
+                if event is DONE:
+                    watch.done()
+                else:
                     watch.feed(event)
+        return watch
 
     def _learn_payload(self, turn: Turn, payload: bytes) -> None:
         try:

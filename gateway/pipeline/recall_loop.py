@@ -3,119 +3,83 @@
 When the view carries recall tools, the upstream's answer is inspected before the client sees
 it. Recall calls are executed, appended (call and result, stored as side events) and the
 upstream is called again, up to ``recall.max_rounds`` rounds, then once more without recall
-tools. The client sees one answer: in streaming mode content deltas pass through as they come,
-recall tool-call deltas never do, and the stream keeps one id with usage summed over every
-upstream call of the turn. When one response mixes client and recall calls, the client's win.
+tools. The client sees one answer: in streams what the client may see passes through as it
+comes, recall calls never do, and the stream keeps the first call's id with usage summed over
+every upstream call of the turn. When one answer mixes client and recall calls, the client's win.
+
+One loop serves every format: the format's pipeline is its ``RecallAdapter``
+(``gateway/pipeline/adapter.py``), which writes the bodies, reads each answer into a ``Reply``
+and merges the turn's answers into the client's, in JSON and in streams.
 
 An upstream that refuses tools (an error naming them, on the turn's first call, for a client
 that sent none) gets the same view again without recall tools, and that model is not offered
-them again by this process (``RecallLoop.tool_less``); proactive recall still adds passages.
+them again by this process (``RecallLoop.tool_less``, one loop for every format); proactive
+recall still adds passages.
 
-The loop answers requests for one choice; with ``n > 1`` the pipeline forwards the view
-without recall tools (``body_without_recall``). An upstream failure after the client's stream
-started (a later round's error status, a reset, a stall, a stream that ends without its
-finish_reason) ends the stream with an error event, and the answer is not recorded; the
-provider's own error event is told with its message, type and code. A stream that ends with
-[DONE] but no finish_reason ends the client's the same way, without one.
+An upstream failure after the client's stream started (a later round's error status, a reset,
+a stall, a stream cut short) ends the stream with the format's error event, and the answer is
+not recorded; the provider's own error event is told with its message, type and code.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any
 
 import orjson
 from aiohttp import web
 
-from gateway.pipeline.turn import Turn, TurnRecorder, add_usage, clean_usage
+from gateway.http.errors import GatewayError, UpstreamIncomplete, UpstreamUnreachable
+from gateway.http.upstream import response_headers
+from gateway.keys import TENANT, UPSTREAM_KEY
+from gateway.pipeline.adapter import RecallAdapter, Reply
+from gateway.pipeline.bypass import BYPASS_HEADER
+from gateway.pipeline.relay import DONE, upstream_events
+from gateway.pipeline.turn import Turn, TurnRecorder, clean_usage
 from gateway.pipeline.views import ViewBuilder
-from gateway.http.errors import GatewayError, UpstreamErrorEvent, UpstreamIncomplete, UpstreamUnreachable
-from gateway.http.sse import SSEDecoder, StreamAssembler, ToolCallIndexer, encode_event, end_with_error, readable_chunk, readable_completion
-from gateway.http.upstream import Upstream, response_headers
-from gateway.keys import UPSTREAM_KEY
 from gateway.recall.auto import add_recalled_history
-from policies import is_recall_call, last_user_index
+from policies import last_user_index
 from policies.messages import call_name
 
-RECALL_CHOICE_KEYS = ("tool_choice", "parallel_tool_calls")
 log = logging.getLogger("palimpsest.recall")
 
 
-def _without_recall(turn: Turn, messages: list[dict]) -> dict:
-    body = dict(turn.chat.body)
-    body["messages"] = messages
-    client_tools = turn.chat.body.get("tools")
-    if client_tools:
-        body["tools"] = client_tools
-    else:
-        body.pop("tools", None)
-        for key in RECALL_CHOICE_KEYS:
-            body.pop(key, None)
-    return body
-
-
-def body_without_recall(turn: Turn, messages: list[dict]) -> bytes:
-    """The request body with `messages` and the client's own tools only."""
-    return orjson.dumps(_without_recall(turn, messages))
-
-
-@dataclass(slots=True)
-class _Relay:
-    """What the client has been sent so far in one streamed turn (across upstream calls)."""
-
-    response: web.StreamResponse | None = None
-    first: dict[str, Any] = field(default_factory=dict)  # id, created, model of the first chunk
-    client_index: dict[int, int] = field(default_factory=dict)  # upstream tool index -> client's
-    client_calls: dict[int, dict] = field(default_factory=dict)
-    content_parts: list[str] = field(default_factory=list)
-    answer: StreamAssembler = field(default_factory=StreamAssembler)  # what the client was sent, as a message
-
-
 class RecallLoop:
-    def __init__(self, *, upstream: Upstream, session_header: str, views: ViewBuilder, tools, recorder: TurnRecorder,
+    def __init__(self, *, session_header: str, views: ViewBuilder, tools, recorder: TurnRecorder,
                  max_rounds: int, metrics) -> None:
-        self.upstream = upstream
         self.views = views
         self.tools = tools
         self.recorder = recorder
         self.max_rounds = max_rounds
         self.metrics = metrics
-        self._drop = frozenset({session_header.lower()})
-        self.tool_less: set[str] = set()  # models whose upstream refused the recall tools (per process)
+        self._drop = frozenset({session_header.lower(), BYPASS_HEADER})  # the gateway's own headers stay here
+        self.tool_less: set[str] = set()  # models whose upstream refused the recall tools (this process)
+
+    async def respond(self, request: web.Request, turn: Turn, adapter: RecallAdapter) -> web.StreamResponse:
+        await add_recalled_history(self.tools, self.views, turn)  # recall.auto_tokens (gateway/recall/auto.py)
+        if turn.chat.model in self.tool_less and not (turn.chat.body.get("tools") or turn.chat.body.get("functions")):
+            turn.recall_refused = True
+        try:
+            if turn.chat.stream:
+                return await self._stream(request, turn, adapter)
+            return await self._json(request, turn, adapter)
+        finally:
+            self.metrics.recall_rounds.observe(turn.recall_rounds)
 
     # -- shared ------------------------------------------------------------------------------
 
-    def _body(self, turn: Turn, messages: list[dict], with_recall: bool, stream: bool) -> bytes:
-        if with_recall:
-            body = dict(turn.chat.body)
-            body["messages"] = messages
-            body["tools"] = turn.view.tools
-        else:
-            body = _without_recall(turn, messages)
-        if stream:
-            # Usage of every call is needed to report the turn's total; the client's own
-            # stream_options decide whether it is shown.
-            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-        return orjson.dumps(body)
+    def _open(self, request: web.Request, turn: Turn, adapter: RecallAdapter, body: bytes):
+        transport = adapter.transport(turn.chat.model)
+        return transport.post(adapter.upstream_path(request), request.headers, body, drop=self._drop,
+                              tenant_key=request.get(UPSTREAM_KEY, ""))
 
-    def _post(self, request: web.Request, body: bytes):
-        return self.upstream.post_chat(request.headers, body, drop=self._drop, tenant_key=request.get(UPSTREAM_KEY, ""))
-
-    def _open(self, turn: Turn, request: web.Request, body: bytes):
-        """The upstream call of one round (a format's loop may route it elsewhere)."""
-        return self._post(request, body)
-
-    def _reader(self, turn: Turn, up):
-        return self.upstream.reader(up)
-
-    async def _call_json(self, request: web.Request, turn: Turn, messages: list[dict], with_recall: bool):
+    async def _call_json(self, request: web.Request, turn: Turn, adapter: RecallAdapter, messages: list[dict],
+                         with_recall: bool):
         """One non-streaming round: (status, reason, payload, headers), or None when the
         upstream refused the recall tools (marked on the turn: the caller asks again)."""
         t0 = time.perf_counter()
-        async with self._open(turn, request, self._body(turn, messages, with_recall, stream=False)) as up:
-            payload = await self._reader(turn, up).read()
+        async with self._open(request, turn, adapter, adapter.recall_body(turn, messages, with_recall, False)) as up:
+            payload = await adapter.transport(turn.chat.model).reader(up).read()
             turn.timing.waiting(t0)
             headers = response_headers(up.headers, decoded=True)
             status, reason = up.status, up.reason
@@ -125,11 +89,6 @@ class RecallLoop:
         if status == 200:
             self._refusal_confirmed(turn)
         return status, reason, payload, headers
-
-    def _split(self, calls: list[dict], names: tuple[str, str]) -> tuple[list[dict], list[dict]]:
-        recall = [c for c in calls if is_recall_call(c, names)]
-        client = [c for c in calls if not is_recall_call(c, names)]
-        return recall, client
 
     async def _execute(self, turn: Turn, assistant: dict, recall_calls: list[dict]) -> list[dict]:
         names = turn.view.recall_names
@@ -164,6 +123,8 @@ class RecallLoop:
         if usage:
             billed = self.metrics.costs.call(turn.chat.model, turn.model_label,
                                              "recall" if turn.recall_rounds > 0 else "client", usage)
+            if turn.billed is None:
+                turn.first_prompt_tokens = billed.prompt
             turn.billed = billed if turn.billed is None else turn.billed + billed
             turn.answer_output = billed.output
         if usage and turn.recall_rounds > 0:
@@ -195,232 +156,116 @@ class RecallLoop:
             log.warning("the upstream refused tools for a model: recall tools are no longer offered to it",
                         extra={"fields": {"model": model}})
 
-    async def respond(self, request: web.Request, turn: Turn) -> web.StreamResponse:
-        await add_recalled_history(self.tools, self.views, turn)  # recall.auto_tokens (gateway/recall/auto.py)
-        if turn.chat.model in self.tool_less and not (turn.chat.body.get("tools") or turn.chat.body.get("functions")):
-            turn.recall_refused = True
-        try:
-            if turn.chat.stream:
-                return await self._stream(request, turn)
-            return await self._json(request, turn)
-        finally:
-            self.metrics.recall_rounds.observe(turn.recall_rounds)
+    async def _recall_round(self, turn: Turn, messages: list[dict], reply: Reply) -> list[dict]:
+        """Run a round's recall calls; the view grown by the call and its results, refitted."""
+        results = await self._execute(turn, reply.assistant, reply.recall)
+        turn.recall_rounds += 1
+        return self._fit(turn, [*messages, reply.assistant, *results])
+
+    def _recalls(self, reply: Reply, with_recall: bool) -> bool:
+        return bool(reply.recall) and not reply.client and with_recall and reply.complete
 
     # -- non-streaming -----------------------------------------------------------------------
 
-    async def _json(self, request: web.Request, turn: Turn) -> web.StreamResponse:
-        names = turn.view.recall_names
+    async def _json(self, request: web.Request, turn: Turn, adapter: RecallAdapter) -> web.StreamResponse:
         messages = list(turn.view.messages)
-        usage_total: dict | None = None
+        merged = adapter.json_turn(turn)
         while True:
             with_recall = self._with_recall(turn)
-            call = await self._call_json(request, turn, messages, with_recall)
+            call = await self._call_json(request, turn, adapter, messages, with_recall)
             if call is None:
                 continue
             status, reason, payload, headers = call
             if status != 200:
-                return await self._send(request, turn, status, reason, payload, headers)
+                return await self._send(request, turn, adapter, status, reason, payload, headers)
             try:
                 data = orjson.loads(payload)
-                message = data["choices"][0]["message"]
-            except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
-                return await self._send(request, turn, status, reason, payload, headers)
-            if not readable_completion(data):  # relayed as it came, like the plain relay would
-                return await self._send(request, turn, status, reason, payload, headers)
-            usage_total = add_usage(usage_total, data.get("usage"))
-            self._count_overhead(turn, data.get("usage"))
-            recall, client = self._split(message.get("tool_calls") or [], names)
-            if recall and not client and with_recall:
-                assistant = {"role": "assistant", "content": message.get("content"), "tool_calls": recall}
-                results = await self._execute(turn, assistant, recall)
-                turn.recall_rounds += 1
-                messages = self._fit(turn, [*messages, assistant, *results])
+            except orjson.JSONDecodeError:
+                data = None
+            reply = merged.read(data) if isinstance(data, dict) else None
+            if reply is None:  # relayed as it came, like the plain relay would
+                return await self._send(request, turn, adapter, status, reason, payload, headers)
+            self._count_overhead(turn, reply.usage)
+            if self._recalls(reply, with_recall):
+                merged.recalled(reply)
+                messages = await self._recall_round(turn, messages, reply)
                 continue
-            for choice in data.get("choices") or ():
-                msg = choice.get("message") or {}
-                calls = msg.get("tool_calls")
-                if calls:
-                    kept = [c for c in calls if not is_recall_call(c, names)]
-                    if kept:
-                        msg["tool_calls"] = kept
-                    else:
-                        msg.pop("tool_calls", None)
-                        if choice.get("finish_reason") == "tool_calls":
-                            choice["finish_reason"] = "stop"
-            if usage_total is not None:
-                data["usage"] = usage_total
-            if data["choices"][0].get("finish_reason"):
-                turn.answer = message
-            turn.usage = usage_total
-            return await self._send(request, turn, status, reason, orjson.dumps(data), headers, record=True)
+            answer, turn.answer, turn.usage = merged.final(data)
+            return await self._send(request, turn, adapter, status, reason, orjson.dumps(answer), headers, record=True)
 
-    async def _send(self, request, turn, status, reason, payload, headers, record=False) -> web.StreamResponse:
+    async def _send(self, request, turn, adapter, status, reason, payload, headers, record=False) -> web.StreamResponse:
         headers.update(turn.headers)
         headers["x-palimpsest-recall-calls"] = str(turn.recall_calls)
         if turn.billed is not None and turn.usage is not None:
             headers["x-palimpsest-cached-tokens"] = str(turn.billed.cached)
         response = web.Response(status=status, reason=reason, body=payload, headers=headers)
         if record:
-            await self.recorder.answer(turn)  # durable before the client has it
+            await adapter.record(turn, request.get(TENANT))  # durable before the client has it
         await response.prepare(request)
         await response.write_eof()
         return response
 
     # -- streaming ---------------------------------------------------------------------------
 
-    async def _stream(self, request: web.Request, turn: Turn) -> web.StreamResponse:
-        relay = _Relay()
-        try:
-            return await self._stream_rounds(request, turn, relay)
-        except GatewayError as exc:
-            if relay.response is None or not relay.response.prepared:
-                raise
-            self.recorder.failed_in_stream(turn, exc)
-            await end_with_error(relay.response, exc)
-            return relay.response
-
-    async def _stream_rounds(self, request: web.Request, turn: Turn, relay: "_Relay") -> web.StreamResponse:
-        names = turn.view.recall_names
+    async def _stream(self, request: web.Request, turn: Turn, adapter: RecallAdapter) -> web.StreamResponse:
         messages = list(turn.view.messages)
-        want_usage = bool((turn.chat.body.get("stream_options") or {}).get("include_usage"))
-        usage_total: dict | None = None
-        while True:
-            with_recall = self._with_recall(turn)
-            body = self._body(turn, messages, with_recall, stream=True)
-            t0 = time.perf_counter()
-            async with self._post(request, body) as up:
-                turn.timing.waiting(t0)
-                reader = self.upstream.reader(up)
-                if up.status != 200 or "text/event-stream" not in up.headers.get("Content-Type", ""):
-                    payload = await reader.read()
-                    if relay.response is None and with_recall and self._refused_tools(turn, up.status, payload):
-                        turn.recall_refused = True
-                        continue
-                    if relay.response is None:
-                        return await self._send(request, turn, up.status, up.reason, payload, response_headers(up.headers, decoded=True))
-                    raise UpstreamUnreachable(f"The upstream answered {up.status} during recall.", code=f"upstream_{up.status}")
-                self._refusal_confirmed(turn)
-                if relay.response is None:
-                    headers = response_headers(up.headers, decoded=True)
-                    headers.update(turn.headers)
-                    relay.response = web.StreamResponse(status=200, headers=headers)
-                    await relay.response.prepare(request)
-                assembler, finish, call_usage = await self._relay_round(reader, turn, relay, names)
-            if finish is None and not assembler.done:
-                raise UpstreamIncomplete("The upstream's stream ended before the answer was complete.")
-            usage_total = add_usage(usage_total, call_usage)
-            self._count_overhead(turn, call_usage)
-            calls = assembler.message().get("tool_calls") or []
-            recall, client = self._split(calls, names)
-            if recall and not client and with_recall and finish is not None:
-                assistant = {"role": "assistant", "content": assembler.message().get("content"), "tool_calls": recall}
-                results = await self._execute(turn, assistant, recall)
-                turn.recall_rounds += 1
-                messages = self._fit(turn, [*messages, assistant, *results])
-                continue
-            if finish == "tool_calls" and not relay.client_calls:
-                finish = "stop"
-            answer = relay.answer.message()  # content, refusal, a legacy function_call: as the client got them
-            answer.pop("tool_calls", None)
-            answer["content"] = "".join(relay.content_parts) or None
-            if relay.client_calls:
-                answer["tool_calls"] = [relay.client_calls[i] for i in sorted(relay.client_calls)]
-            if finish is not None or answer.get("content") or len(answer) > 2:  # [DONE] alone: only an answer with something in it
-                turn.answer = answer
-            turn.usage = usage_total
-            await self.recorder.answer(turn)  # durable before the client sees the end of the answer
-            first = relay.first
-            # A provider that ended with [DONE] but named no finish_reason gets none invented.
-            tail = bytearray(encode_event({**first, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}]})
-                             if finish is not None else b"")
-            if want_usage and usage_total is not None:
-                tail += encode_event({**first, "object": "chat.completion.chunk", "choices": [], "usage": usage_total})
-            tail += encode_event("[DONE]")
-            await relay.response.write(bytes(tail))
-            await relay.response.write_eof()
-            return relay.response
+        relay = adapter.recall_stream(turn)
+        response: web.StreamResponse | None = None
+        try:
+            while True:
+                with_recall = self._with_recall(turn)
+                t0 = time.perf_counter()
+                async with self._open(request, turn, adapter, adapter.recall_body(turn, messages, with_recall, True)) as up:
+                    turn.timing.waiting(t0)
+                    reader = adapter.transport(turn.chat.model).reader(up)
+                    if up.status != 200 or "text/event-stream" not in up.headers.get("Content-Type", ""):
+                        payload = await reader.read()
+                        if response is None and with_recall and self._refused_tools(turn, up.status, payload):
+                            turn.recall_refused = True
+                            continue
+                        if response is None:
+                            return await self._send(request, turn, adapter, up.status, up.reason, payload,
+                                                    response_headers(up.headers, decoded=True))
+                        raise UpstreamUnreachable(f"The upstream answered {up.status} during recall.",
+                                                  code=f"upstream_{up.status}")
+                    self._refusal_confirmed(turn)
+                    if response is None:
+                        headers = response_headers(up.headers, decoded=True)
+                        headers.update(turn.headers)
+                        response = web.StreamResponse(status=200, headers=headers)
+                        await response.prepare(request)
+                    await self._relay_round(reader, turn, relay, response)
+                reply = relay.round_end()
+                if reply is None:
+                    raise UpstreamIncomplete("The upstream's stream ended before the answer was complete.")
+                self._count_overhead(turn, reply.usage)
+                recall_round = self._recalls(reply, with_recall)
+                tail = relay.end_round(final=not recall_round)
+                if recall_round:
+                    messages = await self._recall_round(turn, messages, reply)
+                    relay.new_round()
+                    continue
+                end = relay.finish()
+                turn.answer, turn.usage = relay.answer(), relay.usage()
+                await adapter.record(turn, request.get(TENANT))  # durable before the client sees the end
+                await response.write(tail + end)
+                await response.write_eof()
+                return response
+        except GatewayError as exc:
+            return await adapter.stream_failed(response, turn, exc)
 
-    async def _relay_round(self, reader, turn: Turn, relay: "_Relay", names) -> tuple[StreamAssembler, str | None, dict | None]:
-        """Relay one upstream stream's chunks as the client's view of them; returns the
-        rebuilt message, choice 0's finish_reason (None: the stream ended early) and usage."""
-        decoder, assembler, indexer = SSEDecoder(), StreamAssembler(), ToolCallIndexer()
-        recall_idx: set[int] = set()
-        finish: str | None = None
-        call_usage = None
-        while True:
-            t0 = time.perf_counter()
-            chunk = await reader.chunk()
-            turn.timing.waiting(t0)
-            if not chunk:
-                return assembler, finish, call_usage
+    @staticmethod
+    async def _relay_round(reader, turn: Turn, relay, response: web.StreamResponse) -> None:
+        """One upstream stream through the turn's filter, written to the client as it comes (what
+        the filter let through before the provider's error event included)."""
+        async for _, events in upstream_events(reader, turn.timing):
             out = bytearray()
-            for data in decoder.feed(chunk):
-                if data == "[DONE]":
-                    assembler.done = True
-                    continue
-                try:
-                    event = orjson.loads(data)
-                except orjson.JSONDecodeError:
-                    continue
-                if not isinstance(event, dict) or not readable_chunk(event):
-                    continue  # what the gateway cannot read it cannot rewrite: left out, the stream goes on
-                if isinstance(event.get("error"), dict) and not event.get("choices"):
-                    if out:
-                        await relay.response.write(bytes(out))
-                    raise UpstreamErrorEvent(event["error"])  # told to the client as the provider said it
-                if not relay.first:
-                    relay.first = {k: event.get(k) for k in ("id", "created", "model", "system_fingerprint")}
-                indexer.number(event)  # tool-call deltas without an index get one: the assembler's and the client's
-                assembler.add(event)
-                if event.get("usage"):
-                    call_usage = event["usage"]
-                forwarded = self._filter_chunk(event, relay, names, recall_idx)
-                for choice in event.get("choices") or ():
-                    if choice.get("index", 0) == 0 and choice.get("finish_reason"):
-                        finish = choice["finish_reason"]
-                if forwarded is not None:
-                    out += encode_event(forwarded)
-            if out:
-                await relay.response.write(bytes(out))
-
-    def _filter_chunk(self, event, relay: "_Relay", names, recall_idx) -> dict | None:
-        """The client's view of one upstream chunk: one id, no recall tool calls, no finish or
-        usage (those are sent once, at the end of the turn). Everything else a delta carries
-        (a legacy function_call, a refusal, reasoning text, audio) reaches the client."""
-        first, client_index, client_calls, content_parts = relay.first, relay.client_index, relay.client_calls, relay.content_parts
-        choices_out = []
-        for choice in event.get("choices") or ():
-            delta = dict(choice.get("delta") or {})
-            calls = delta.pop("tool_calls", None) or []
-            kept_calls = []
-            for call in calls:
-                idx = call.get("index", 0)
-                name = ((call.get("function") or {}).get("name")) or ""
-                if idx in recall_idx:
-                    continue
-                if idx not in client_index:
-                    if name and name in names:
-                        recall_idx.add(idx)
-                        continue
-                    client_index[idx] = len(client_index)
-                mapped = {**call, "index": client_index[idx]}
-                kept_calls.append(mapped)
-                slot = client_calls.setdefault(client_index[idx], {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
-                slot["id"] = call.get("id") or slot["id"]
-                fn = call.get("function") or {}
-                slot["function"]["name"] += fn.get("name") or ""
-                slot["function"]["arguments"] += fn.get("arguments") or ""
-                slot.update((k, v) for k, v in call.items() if k not in ("index", "id", "type", "function") and v is not None)
-            if kept_calls:
-                delta["tool_calls"] = kept_calls
-            if delta.get("content"):
-                content_parts.append(delta["content"])
-            if choice.get("index", 0) == 0:
-                relay.answer.add({"choices": [{"delta": {k: v for k, v in delta.items() if k not in ("content", "tool_calls")}}]})
-            others = any(v for k, v in delta.items() if k not in ("role", "content", "tool_calls"))
-            has_payload = bool(delta.get("content") or kept_calls or others or (delta.get("role") and not content_parts and not client_calls))
-            if has_payload:
-                choices_out.append({**choice, "delta": delta, "finish_reason": None})
-        if not choices_out:
-            return None
-        return {**event, **first, "choices": choices_out, "usage": None} if "usage" in event else {**event, **first, "choices": choices_out}
+            try:
+                for event in events:
+                    if event is DONE:
+                        relay.done()
+                    else:
+                        out += relay.feed(event)
+            finally:
+                if out:
+                    await response.write(bytes(out))

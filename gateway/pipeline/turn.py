@@ -12,12 +12,15 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from gateway.pipeline.fork import Forker
 from gateway.pipeline.request import ChatRequest
 from gateway.pipeline.views import View
 from gateway.http.errors import GatewayError, UpstreamTimeout
 from gateway.ops.basis import of_turn as request_basis
+from gateway.ops.receipts import billed_units, build_receipt, compaction_event_here, stored as stored_receipt
+from policies.cost import cost_rates
 from policies.prices import CacheUsage
 from store import call as store_call
 from store.records import SessionRef
@@ -108,14 +111,23 @@ class Turn:
     failure: GatewayError | None = None  # a failure told inside an already-started stream
     route: str = ROUTE  # the API the client spoke: chat, responses, messages
     fork: Forker | None = None  # the format's cache fork of this view, for a summary call (pipeline/fork.py)
+    receipt: str | None = None  # the receipt id the client was told (x-palimpsest-receipt)
+    bypass: str | None = None  # why the request went untouched: "header" or "tenant" (None: it did not)
+    direct: CacheUsage | None = None  # the request sent direct, as the provider would have billed it
+    first_prompt_tokens: int | None = None  # the prompt tokens the first upstream call reported
+    # The format's count of its first upstream body as re-read by its adapter (None: the same as the
+    # neutral view's); set by a format whose wire form merges items (Messages' system blocks).
+    wire_count: Callable[["Turn"], int | None] | None = None
 
 
 class TurnRecorder:
     """Writes down what became of a turn; failures here never fail the client's request."""
 
-    def __init__(self, *, ledger, metrics, summaries, indexer, calibration, turns) -> None:
+    def __init__(self, *, ledger, metrics, summaries, indexer, calibration, turns, views=None, receipts=None) -> None:
         self.ledger = ledger
         self.turns = turns
+        self.views = views  # the view builder: its counter itemises a receipt's prompt
+        self.receipts = receipts  # store.interfaces.ReceiptStore (None: no receipts kept)
         self.metrics = metrics
         self.summaries = summaries
         self.indexer = indexer
@@ -136,7 +148,9 @@ class TurnRecorder:
         self.bill(turn)
         price = self.metrics.costs.price(turn.chat.model)
         cost = price.cost(turn.billed) if price is not None and turn.billed is not None else None
-        self.turns.add(request_basis(turn, event, cost))  # model, window, budget: what inspect shows (store/turns.py)
+        rates = cost_rates(turn.view.policy) if turn.view.policy is not None else None
+        self.turns.add(request_basis(turn, event, cost, compaction_event=compaction_event_here(turn.view.notes),
+                                     billed_units=billed_units(turn.billed, rates)))  # what inspect shows (store/turns.py)
         if turn.view.messages is not None:
             self.indexer.schedule(turn.ref.key)  # sessions that hide history will search it
 
@@ -170,17 +184,31 @@ class TurnRecorder:
         if turn.billed is None and turn.usage:
             turn.billed = self.metrics.costs.call(turn.chat.model, turn.model_label, "client", turn.usage)
             turn.answer_output = turn.billed.output
+            turn.first_prompt_tokens = turn.billed.prompt
 
-    def direct(self, turn: Turn) -> CacheUsage | None:
+    def direct(self, turn: Turn) -> None:
         """The request's direct counterfactual: its own prompt, the session's previous one cached."""
         if turn.billed is None or turn.status != 200:
-            return None
+            return
         costs = self.metrics.costs
         if turn.ref is None or not turn.view.client_tokens:  # forwarded as it came: direct is the same
-            return costs.direct(turn.chat.model, turn.model_label, None, [], turn.billed.prompt, turn.billed.output,
-                                cached=turn.billed.cached)
-        return costs.direct(turn.chat.model, turn.model_label, turn.ref.key, turn.chat.ids, turn.view.client_tokens,
-                            turn.answer_output)
+            turn.direct = costs.direct(turn.chat.model, turn.model_label, None, [], turn.billed.prompt, turn.billed.output,
+                                       cached=turn.billed.cached)
+            return
+        turn.direct = costs.direct(turn.chat.model, turn.model_label, turn.ref.key, turn.chat.ids,
+                                   turn.view.client_tokens, turn.answer_output)
+
+    def receipt(self, turn: Turn) -> None:
+        """Keep the turn's receipt (gateway/ops/receipts.py); a failure here never fails the request."""
+        if turn.receipt is None or turn.ref is None or self.receipts is None or self.views is None:
+            return
+        try:
+            price = self.metrics.costs.price(turn.chat.model)
+            receipt = build_receipt(turn, turn.receipt, self.views.counter, self.views, self.calibration, price)
+            self.receipts.add_receipt(stored_receipt(receipt, turn.ref.key, turn.ref.tenant))
+        except Exception as exc:
+            log.warning("keeping a receipt failed", extra={"fields": {"session": turn.ref.key, "error": type(exc).__name__}})
+            self.metrics.store_write_errors.labels("receipt").inc()
 
     def observe_arm(self, turn: Turn, direct: CacheUsage | None) -> None:
         """The request in its holdout arm's figures (policies/holdout.py); sessions only."""
@@ -204,8 +232,9 @@ class TurnRecorder:
             m.model_answered(turn.chat.model)
             turn.model_label = m.model_label(turn.chat.model)
         self.bill(turn)
-        direct = self.direct(turn)
-        self.observe_arm(turn, direct)
+        self.direct(turn)
+        self.observe_arm(turn, turn.direct)
+        self.receipt(turn)
         elapsed = time.perf_counter() - turn.timing.started
         m.requests.labels(turn.route, turn.model_label, str(turn.status)).inc()
         m.request_seconds.labels(turn.route, turn.model_label).observe(elapsed)

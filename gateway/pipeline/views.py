@@ -28,6 +28,7 @@ from gateway.http.errors import ContextLengthExceeded
 from policies import (
     CheckpointMark,
     ContextOverflow,
+    PlanEvent,
     choose_boundary,
     last_user_index,
     Policy,
@@ -46,6 +47,8 @@ from policies import (
 from policies.cost import with_cache_rule
 from policies.holdout import COMPACTED, HOLDOUT, arm as holdout_arm
 from policies.prices import CacheRule, cache_rule, price_of
+from policies.messages import tool_names_by_call_id
+from policies.rounds import split_rounds
 from store.records import Checkpoint, SessionRef, newest_on_path
 from store import call as store_call
 
@@ -72,6 +75,7 @@ class View:
     truncated_last_message: bool = False  # the newest user message was cut (policy opted in)
     dropped: int = 0  # messages tailoring left out (a summary fork would not see them)
     arm: str = COMPACTED  # the session's holdout arm (policies/holdout.py)
+    notes: "ViewNotes | None" = None  # what the plan decided and why, for the request's receipt
 
     def body(self, chat: ChatRequest) -> bytes:
         if self.messages is None:
@@ -81,6 +85,24 @@ class View:
         if self.tools is not None:
             body["tools"] = self.tools
         return orjson.dumps(body)
+
+
+@dataclass(slots=True)
+class ViewNotes:
+    """What the view plan decided, gathered where it is decided, for the request's receipt
+    (``gateway/ops/receipts.py``). ``origins`` maps each message object the view holds (by
+    ``id()``) to where it came from: ``(kind, event id, details)``, kind one of ``verbatim``,
+    ``placeholder``, ``truncated`` (a tool result cut head/tail by compaction) and ``cut`` (by
+    tailoring); the summary block and the instructions are told by their type and place."""
+
+    origins: dict[int, tuple[str, str | None, dict | None]]
+    checkpoint: Checkpoint | None = None
+    summarised: list[str] | None = None  # event ids before the checkpoint's boundary
+    events: list[PlanEvent] | None = None
+    state_only: bool = False  # a summary was due but not ready: deterministic state went instead
+    sync_wait: bool = False  # the request waited for a summary (over sync_compaction_ratio)
+    dropped: list[str] | None = None  # event ids tailoring left out
+    round_starts: list[int] | None = None  # the first message index of each API round on the path
 
 
 @dataclass(slots=True)
@@ -99,6 +121,7 @@ class Projection:
     truncated_last: bool = False
     compacted_tokens: int = 0  # rounds before the compaction frontier (uncalibrated)
     raw_tail_tokens: int = 0  # rounds from the frontier on
+    notes: ViewNotes | None = None
 
 
 class ViewBuilder:
@@ -150,23 +173,29 @@ class ViewBuilder:
         if newest is None and client_tokens <= min(policy.summary_trigger_ratio, policy.compact_trigger_ratio) * budget:
             return view  # short session: untouched, forwarded byte for byte
 
-        found, frontier = self._plan(chat, policy, checkpoints, positions, budget)
+        events: list[PlanEvent] = []
+        found, frontier = self._plan(chat, policy, checkpoints, positions, budget, events)
         projection = self._project(chat, policy, found, budget=budget, frontier=frontier)
+        sync_wait = False
         # With the cost model, a conversation that fits as it came never waits for a summary.
         must_fold = not policy.cost_model or client_tokens > budget
         if projection.tokens > policy.sync_compaction_ratio * budget and self.summarizer is not None and must_fold:
-            started = time.perf_counter()
+            started, sync_wait = time.perf_counter(), True
             checkpoint = await self.summarizer.sync(ref, chat, policy, auth, deadline=started + policy.sync_budget_s, budget=budget)
             self.metrics.sync_wait_seconds.observe(time.perf_counter() - started)
             if checkpoint is not None:
                 checkpoints = await store_call(self.checkpoints.list, ref.key)
-                found, frontier = self._plan(chat, policy, checkpoints, positions, budget)
+                events.clear()
+                found, frontier = self._plan(chat, policy, checkpoints, positions, budget, events)
                 projection = self._project(chat, policy, found, budget=budget, frontier=frontier)
             if projection.tokens > policy.sync_compaction_ratio * budget:
                 # Out of time (or the summary failed): go ahead with the deterministic state
                 # of everything the summary has not covered yet; tailoring and recall do the rest.
                 projection = self._project(chat, policy, found, state_only=True, budget=budget, frontier=frontier)
         projection = self._fit(chat, policy, projection, budget)
+        if projection.notes is not None:
+            projection.notes.events, projection.notes.sync_wait = events, sync_wait
+        view.notes = projection.notes
         view.messages = projection.messages
         view.tools = projection.tools
         view.recall_names = projection.recall_names
@@ -244,7 +273,7 @@ class ViewBuilder:
     # -- the pure steps, wired ---------------------------------------------------------------
 
     def _plan(self, chat: ChatRequest, policy: Policy, checkpoints: list[Checkpoint], positions: dict[str, int],
-              budget: int) -> tuple[tuple[Checkpoint, int] | None, int]:
+              budget: int, events: list[PlanEvent] | None = None) -> tuple[tuple[Checkpoint, int] | None, int]:
         """The checkpoint on the path the view uses (with its boundary index) and the compaction
         frontier (a message index on the path), replayed by ``plan_view``: a new checkpoint is
         adopted only at a compaction event, so the prefix changes once, not twice; one written
@@ -259,7 +288,7 @@ class ViewBuilder:
         marks = [CheckpointMark(pos, max(pos, positions.get((cp.meta or {}).get("after"), pos)),
                                 self._block_tokens(cp, policy.exact_values_limit), forced=cp.mode == "sync")
                  for cp, pos in on_path]
-        index, frontier = plan_view(rounds, raw, compacted, fixed, marks, policy, budget)
+        index, frontier = plan_view(rounds, raw, compacted, fixed, marks, policy, budget, events)
         found = on_path[index] if index is not None else None
         return found, rounds[frontier][0] if frontier < len(rounds) else len(chat.history)
 
@@ -307,7 +336,27 @@ class ViewBuilder:
         tokens = self.counter.count_messages(messages) + self._tool_tokens(chat, tools)
         return Projection(messages, tools, names, self.calibration.scale(chat.model, tokens), frozenset(hidden),
                           checkpoint, stats.replaced, stats.truncated, raw_tokens=tokens, compacted_tokens=stats.compacted_tokens,
-                          raw_tail_tokens=stats.raw_tail_tokens)
+                          raw_tail_tokens=stats.raw_tail_tokens,
+                          notes=self._notes(chat, tail, tail_ids, compacted, stats, checkpoint, start, state_only))
+
+    def _notes(self, chat: ChatRequest, tail, tail_ids, compacted, stats, checkpoint, start: int,
+               state_only: bool) -> ViewNotes:
+        """Where each message of a projection came from (the receipt itemises the view by it)."""
+        origins: dict[int, tuple[str, str | None, dict | None]] = {id(m): ("verbatim", eid, None) for m, eid in zip(tail, tail_ids)}
+        if stats.placeholders or stats.cut:
+            names = tool_names_by_call_id(tail)
+            for kind, indexes in (("placeholder", stats.placeholders), ("truncated", stats.cut)):
+                for i in indexes:
+                    tool = names.get(str(tail[i].get("tool_call_id") or ""), "")
+                    origins[id(compacted[i])] = (kind, tail_ids[i], {
+                        "tool": tool, "tokens_before": self.counter.count_message(tail[i], tail_ids[i])})
+        summarised = list(chat.ids[:start]) if checkpoint is not None else None
+        return ViewNotes(origins, checkpoint, summarised, state_only=state_only,
+                         round_starts=[a for a, _ in split_rounds(chat.history)])
+
+    def tool_tokens(self, chat: ChatRequest, tools: list[dict] | None) -> int:
+        """What `tools` (and the request's legacy `functions`) cost in the prompt."""
+        return self._tool_tokens(chat, tools)
 
     def _tool_tokens(self, chat: ChatRequest, tools: list[dict] | None) -> int:
         """What the request's tool definitions cost: `tools`, and legacy `functions`, which the
@@ -340,6 +389,11 @@ class ViewBuilder:
         kept = {id(m) for m in messages}
         dropped_ids = {eid for eid, m in zip(chat.ids, chat.history) if id(m) not in kept}
         hidden = projection.hidden | dropped_ids
+        notes = projection.notes
+        if notes is not None:
+            notes.dropped = [eid for eid, m in zip(chat.ids, chat.history)
+                             if eid in dropped_ids and id(m) in notes.origins]
+            _note_cuts(notes, projection.messages, messages, stats)
         self.metrics.tailoring_drops.labels("dropped").inc(stats.dropped_messages)
         self.metrics.tailoring_drops.labels("truncated").inc(stats.truncated_messages)
         if hidden and projection.recall_names is None and policy.recall:
@@ -354,14 +408,28 @@ class ViewBuilder:
             except ContextOverflow:
                 fitted = None  # recall does not fit as well: send the tailored view without it
             if fitted is not None:
+                if notes is not None:
+                    kept = {id(m) for m in fitted}
+                    notes.dropped += [eid for eid, m in zip(chat.ids, chat.history)
+                                      if id(m) in notes.origins and id(m) not in kept and eid not in dropped_ids]
+                    _note_cuts(notes, with_note, fitted, more)
                 return Projection(fitted, tools, names, self.calibration.scale(chat.model, more.tokens_after),
                                   frozenset(hidden), projection.checkpoint, projection.compacted,
                                   projection.truncated, stats.dropped_messages + more.dropped_messages,
                                   raw_tokens=more.tokens_after,
                                   truncated_tools=stats.truncated_tool_results + more.truncated_tool_results,
-                                  truncated_last=stats.truncated_last_message or more.truncated_last_message)
+                                  truncated_last=stats.truncated_last_message or more.truncated_last_message,
+                                  notes=notes)
         return Projection(messages, projection.tools, projection.recall_names,
                           self.calibration.scale(chat.model, stats.tokens_after), frozenset(hidden),
                           projection.checkpoint, projection.compacted, projection.truncated, stats.dropped_messages,
                           raw_tokens=stats.tokens_after, truncated_tools=stats.truncated_tool_results,
-                          truncated_last=stats.truncated_last_message)
+                          truncated_last=stats.truncated_last_message, notes=notes)
+
+
+def _note_cuts(notes: ViewNotes, before: list[dict], after: list[dict], stats) -> None:
+    """The messages tailoring cut, noted as ``cut`` copies of what they were."""
+    for j in stats.cut:
+        source = before[stats.kept[j]] if stats.kept is not None else before[j]
+        kind, eid, _ = notes.origins.get(id(source), ("instructions", None, None))
+        notes.origins[id(after[j])] = ("cut", eid, {"was": kind})

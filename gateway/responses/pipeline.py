@@ -25,12 +25,14 @@ from aiohttp import web
 from gateway.pipeline.turn import Turn, clean_usage
 from gateway.responses import adapter as fmt
 from gateway.pipeline.pipeline import StreamWatch, WirePipeline
+from gateway.pipeline.views import View
 from gateway.http.errors import BadRequest, GatewayError, NotFound
 from gateway.http.upstream import response_headers
 from gateway.keys import REQUEST_ID, UPSTREAM_KEY
 from gateway.responses.chat_upstream import ChatUpstream
 from gateway.responses.fork import summary_fork as responses_fork
-from gateway.responses.stream import TERMINAL, encode
+from gateway.responses.recall import RECALL
+from gateway.responses.stream import TERMINAL, answer_of, chat_usage, encode
 from store import call as store_call
 from store.canonical import event_id, path_ids
 from store.records import SessionRef
@@ -38,32 +40,6 @@ from store.response_ids import ResponseIds
 
 ROUTE = "responses"
 PATH = "/v1/responses"
-
-
-def chat_usage(usage) -> dict | None:
-    """Responses usage in the chat shape the recorder, metrics and calibration read."""
-    if not isinstance(usage, dict):
-        return None
-    out = {"prompt_tokens": usage.get("input_tokens"), "completion_tokens": usage.get("output_tokens"),
-           "total_tokens": usage.get("total_tokens")}
-    if isinstance(usage.get("input_tokens_details"), dict):
-        out["prompt_tokens_details"] = usage["input_tokens_details"]
-    if isinstance(usage.get("output_tokens_details"), dict):
-        out["completion_tokens_details"] = usage["output_tokens_details"]
-    return clean_usage(out)
-
-
-def answer_of(response: dict, names: tuple[str, str] | None = None) -> dict | None:
-    """The neutral assistant item for a completed response's output (what the client got)."""
-    from gateway.responses.stream import visible_output
-
-    if not isinstance(response, dict) or response.get("status") not in (None, "completed"):
-        return None
-    output = response.get("output")
-    if not isinstance(output, list):
-        return None
-    items = visible_output(output, names)
-    return fmt.assistant_item(items) if items else None
 
 
 def parse_and_hash(raw: bytes):
@@ -82,6 +58,7 @@ class ResponsesWatch(StreamWatch):
 class ResponsesPipeline(WirePipeline):
     route = ROUTE
     path = PATH
+    recall_format = RECALL
 
     def __init__(self, *, response_ids: ResponseIds, compactor, **parts) -> None:
         super().__init__(**parts)
@@ -93,14 +70,17 @@ class ResponsesPipeline(WirePipeline):
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         timing, tenant, chat, ids = await self.start(request)
+        bypass = self.bypass(request, tenant)
         ref, prefix = await self._continued(request, chat, tenant)
         if prefix:
             chat.history = [*prefix, *chat.history]
             ids = path_ids(chat.history)
         if ref is None:
             ref = self.identity.session(request, tenant, ids[0] if ids else None)
-        rewritten = bool(prefix)  # the history is not the client's input as it came: always rendered
-        if self.compactor.ours(chat):
+        # The history is not the client's input as it came: always rendered (a bypassed request
+        # goes as it came, previous_response_id and all: the provider holds that chain too).
+        rewritten = bool(prefix) and not bypass
+        if self.compactor.ours(chat):  # a gateway compaction item is unreadable upstream, bypass or not
             rewritten = True
             ref = ref or await self._compacted_session(chat, tenant)
             try:
@@ -110,15 +90,15 @@ class ResponsesPipeline(WirePipeline):
             ids = path_ids(chat.history)
         await self.admit(request, chat, ids, ref)
         auth = self.auth(request)
-        if chat.compact and ref is not None and ids:
+        if chat.compact and ref is not None and ids and not bypass:
             await self.sync(request, chat, ids, ref)
             item = await self._compact(chat, ref, auth)
             return await self.compactor.answer_trigger(request, chat, item, {"x-request-id": request.get(REQUEST_ID, "")})
-        view = await self.view(chat, ref, auth)
+        view = View() if bypass else await self.view(chat, ref, auth)
         if rewritten and view.messages is None:
             view.messages = [*chat.instructions, *chat.history]
         await self.sync(request, chat, ids, ref)
-        return await self.serve(request, self.turn(request, chat, ref, timing, view, auth))
+        return await self.serve(request, self.turn(request, chat, ref, timing, view, auth, bypass))
 
     async def _continued(self, request: web.Request, chat, tenant: str) -> tuple[SessionRef | None, list[dict]]:
         """A ``previous_response_id`` the gateway recorded: its session and the chain before it
@@ -205,7 +185,8 @@ class ResponsesPipeline(WirePipeline):
         if self.transport(turn.chat.model) is not self.upstream:
             return None
         view = turn.view
-        parent = turn.chat.body if view.messages is None else fmt.render_body(turn.chat, view.messages, view.tools)
+        tools = turn.chat.body.get("tools") if turn.recall_refused else view.tools
+        parent = turn.chat.body if view.messages is None else fmt.render_body(turn.chat, view.messages, tools)
         return responses_fork(parent, answer, view.upstream_tokens)
 
     def watch(self) -> StreamWatch:

@@ -20,6 +20,9 @@ from typing import Any
 
 import orjson
 
+from gateway.pipeline.turn import clean_usage
+from gateway.responses import adapter as fmt
+
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 OPENING = frozenset({"response.created", "response.in_progress", "response.queued"})
 
@@ -50,6 +53,14 @@ def add_usage(total: dict | None, usage: Any) -> dict | None:
     return out
 
 
+def as_sent(response: dict, client_tools: Any) -> dict:
+    """A response object as the client's own request would have it echoed: the API repeats the
+    request's ``tools``, and the view's carried the recall tools the client never declared."""
+    if "tools" in response:
+        response = {**response, "tools": client_tools if isinstance(client_tools, list) else []}
+    return response
+
+
 def is_recall_item(item: Any, names: tuple[str, str] | None) -> bool:
     return bool(names) and isinstance(item, dict) and item.get("type") == "function_call" and item.get("name") in names
 
@@ -76,8 +87,9 @@ def visible_output(output: list, names: tuple[str, str] | None) -> list[dict]:
 class ResponseStreamFilter:
     """The client's stream across the upstream calls of one turn (see the module docstring)."""
 
-    def __init__(self, names: tuple[str, str] | None) -> None:
+    def __init__(self, names: tuple[str, str] | None, client_tools: Any = None) -> None:
         self.names = names
+        self.client_tools = client_tools  # echoed in the response objects instead of the view's tools
         self.seq = 0
         self.first: dict | None = None  # the first call's response object (id, created_at, ...)
         self.visible: list[dict] = []  # client-visible items done, in client order
@@ -130,8 +142,10 @@ class ResponseStreamFilter:
         """Bytes for the client for one upstream event (b"" when nothing is told)."""
         kind = event.get("type")
         if kind in OPENING:
-            if isinstance(event.get("response"), dict) and self.first is None:
-                self.first = event["response"]
+            if isinstance(event.get("response"), dict):
+                event = {**event, "response": as_sent(event["response"], self.client_tools)}
+                if self.first is None:
+                    self.first = event["response"]
             return self._out(event) if self.rounds == 0 else b""
         if kind in TERMINAL:
             return b""  # the caller decides (another round, or the end: `finish`)
@@ -174,7 +188,7 @@ class ResponseStreamFilter:
 
     def finish(self, terminal: dict) -> bytes:
         """The client's terminal event: the first call's id, every visible item, summed usage."""
-        response = dict(terminal.get("response") or {})
+        response = as_sent(dict(terminal.get("response") or {}), self.client_tools)
         if self.first:
             for key in ("id", "created_at"):
                 if key in self.first:
@@ -183,3 +197,27 @@ class ResponseStreamFilter:
         if self.usage is not None:
             response["usage"] = self.usage
         return self._out({**terminal, "response": response})
+
+
+def chat_usage(usage) -> dict | None:
+    """Responses usage in the chat shape the recorder, metrics and calibration read."""
+    if not isinstance(usage, dict):
+        return None
+    out = {"prompt_tokens": usage.get("input_tokens"), "completion_tokens": usage.get("output_tokens"),
+           "total_tokens": usage.get("total_tokens")}
+    if isinstance(usage.get("input_tokens_details"), dict):
+        out["prompt_tokens_details"] = usage["input_tokens_details"]
+    if isinstance(usage.get("output_tokens_details"), dict):
+        out["completion_tokens_details"] = usage["output_tokens_details"]
+    return clean_usage(out)
+
+
+def answer_of(response: dict, names: tuple[str, str] | None = None) -> dict | None:
+    """The neutral assistant item for a completed response's output (what the client got)."""
+    if not isinstance(response, dict) or response.get("status") not in (None, "completed"):
+        return None
+    output = response.get("output")
+    if not isinstance(output, list):
+        return None
+    items = visible_output(output, names)
+    return fmt.assistant_item(items) if items else None

@@ -89,7 +89,7 @@ async def test_recall_on_one_replica_finds_what_another_wrote(start_gateway, sha
     async def search(gw) -> dict:
         call = {"id": "q", "type": "function", "function": {"name": "session_search", "arguments": json.dumps(
             {"query": "staging database password", "scope": "session"})}}
-        return orjson.loads(await gw.app[PIPELINE].recall.tools.run(
+        return orjson.loads(await gw.app[PIPELINE].loop.tools.run(
             call, kind="search", session_key=rec.key, path_ids=ids, hidden=frozenset(ids)))
 
     # b never indexed anything: it catches up from the ledger into the shared index.

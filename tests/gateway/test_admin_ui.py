@@ -181,3 +181,54 @@ async def test_a_crafted_fragment_cannot_send_the_token_elsewhere(start_gateway,
         assert await browser.wait_for("document.body && document.body.dataset.state") == "error"
         assert "not a session key" in await browser.evaluate("document.querySelector('.error').textContent")
     assert upstream.received == []  # nothing, and so no admin token, went upstream
+
+
+async def test_inspector_chart_draws_the_requests_and_opens_their_receipts(start_gateway, browser, tmp_path):
+    """The session chart (uPlot, served from the package): one point per answered request,
+    markers for compaction events and new summaries, the plot really painted, and a click on a
+    request opens that request's receipt. The screenshot of the chart is kept in tmp_path."""
+    import base64
+
+    gw = await start_gateway(server={"admin_token": TOKEN},
+                             policy={"profile": "economy", "summary_trigger_ratio": 0.6, "sync_compaction_ratio": 0.9,
+                                     "compact_trigger_ratio": 0.25, "view_target_ratio": 0.05})
+    _, _, _, record = await long_session(gw)
+    turns = (await _detail(gw, record.key))["turns"]
+    events = [i for i, t in enumerate(turns) if t["compaction_event"]]
+    summaries = sum(1 for i, t in enumerate(turns) if t["checkpoint"] and t["checkpoint"] != (turns[i - 1]["checkpoint"] if i else None))
+    assert events and summaries and all(t["receipt"] for t in turns)
+
+    await browser.send("Page.navigate", url=f"{gw.root}/admin/ui#token={TOKEN}&session={record.key}")
+    assert await browser.wait_for("document.body && document.body.dataset.state") == "ready"
+    chart = await browser.evaluate("""(() => { const c = document.querySelector('#chart');
+        return {...c.dataset, canvas: !!c.querySelector('canvas'), points: window.sessionChart.data[0].length,
+                upstream: window.sessionChart.data[2]}; })()""")
+    assert chart["canvas"] and int(chart["requests"]) == chart["points"] == len(turns)
+    assert chart["upstream"] == [t["upstream_tokens"] for t in turns]
+    assert int(chart["compactions"]) == len(events) and int(chart["summaries"]) == summaries
+    # The lines and the markers were painted: pixels of the upstream series and of the markers.
+    painted = await browser.evaluate("""(() => { const c = document.querySelector('#chart canvas');
+        const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data; let line = 0, mark = 0;
+        const near = (i, r, g, b) => Math.abs(d[i] - r) < 40 && Math.abs(d[i + 1] - g) < 40 && Math.abs(d[i + 2] - b) < 40 && d[i + 3] > 200;
+        for (let i = 0; i < d.length; i += 4) { if (near(i, 47, 95, 208)) line++; if (near(i, 122, 43, 181)) mark++; }
+        return {line, mark}; })()""")
+    assert painted["line"] > 200 and painted["mark"] > 50, painted
+
+    # Click the request that carried the first compaction event: its receipt opens.
+    k = events[0]
+    x, y = await browser.evaluate(f"""(() => {{ const u = window.sessionChart, r = u.over.getBoundingClientRect();
+        return [r.left + u.valToPos({k + 1}, 'x'), r.top + r.height / 2]; }})()""")
+    for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
+        await browser.send("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1)
+    assert await browser.wait_for("document.querySelector('#receipt').dataset.receipt") == turns[k]["receipt"]
+    shown = json.loads(await browser.evaluate("document.querySelector('#receipt .receipt-json').textContent"))
+    assert shown["id"] == turns[k]["receipt"] and shown["events"]["here"] is True
+    assert shown["prompt"]["tokens"] == sum(i["tokens"] for i in shown["prompt"]["items"])
+
+    box = await browser.evaluate("(() => { const r = document.querySelector('#chart').getBoundingClientRect(); "
+                                 "return {x: r.left, y: r.top + scrollY, width: r.width, height: r.height}; })()")
+    shot = await browser.send("Page.captureScreenshot", format="png", captureBeyondViewport=True, clip={**box, "scale": 1})
+    png = base64.b64decode(shot["data"])
+    (tmp_path / "session-chart.png").write_bytes(png)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    assert browser.errors == []

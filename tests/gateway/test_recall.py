@@ -156,10 +156,10 @@ async def test_other_tenant_with_same_session_id_finds_nothing(gateway, upstream
     a_key = next(k for k in b_keys if ledger.since(k, -1)[0].message["content"] != f"RECALL: {fact.question}")
     b_key = (b_keys - {a_key}).pop()
     call = {"id": "x", "type": "function", "function": {"name": "session_search", "arguments": json.dumps({"query": fact.question, "scope": "session"})}}
-    result = orjson.loads(await pipeline.recall.tools.run(call, kind="search", session_key=b_key, path_ids=[], hidden=frozenset()))
+    result = orjson.loads(await pipeline.loop.tools.run(call, kind="search", session_key=b_key, path_ids=[], hidden=frozenset()))
     assert all(fact.answer not in h["snippet"] for h in result["results"])
     load = {"id": "y", "type": "function", "function": {"name": "session_load", "arguments": json.dumps({"event_id": ledger.since(a_key, -1)[0].id})}}
-    loaded = orjson.loads(await pipeline.recall.tools.run(load, kind="load", session_key=b_key, path_ids=[], hidden=frozenset()))
+    loaded = orjson.loads(await pipeline.loop.tools.run(load, kind="load", session_key=b_key, path_ids=[], hidden=frozenset()))
     assert "error" in loaded
 
 
@@ -169,7 +169,7 @@ async def test_load_paging_and_neighbours(gateway, upstream):
     key = ledger.sessions()[0].key
     events = [e for e in ledger.since(key, -1) if e.kind == "message"]
     tool_event = next(e for e in events if e.role == "tool" and len(e.message["content"]) > 3000)
-    tools = gateway.app[PIPELINE].recall.tools
+    tools = gateway.app[PIPELINE].loop.tools
     path = [e.id for e in events]
 
     async def load(**args):
@@ -216,7 +216,7 @@ async def test_reindex_reproduces_the_index(start_gateway, upstream, tmp_path):
     key = ledger.sessions()[0].key
     call = {"id": "q", "type": "function", "function": {"name": "session_search", "arguments": json.dumps({"query": s.facts[0].question, "scope": "session"})}}
     path = [e.id for e in ledger.since(key, -1) if e.kind == "message"]  # one linear conversation
-    before = orjson.loads(await gw.app[PIPELINE].recall.tools.run(call, kind="search", session_key=key, path_ids=path, hidden=frozenset()))
+    before = orjson.loads(await gw.app[PIPELINE].loop.tools.run(call, kind="search", session_key=key, path_ids=path, hidden=frozenset()))
     rows_before = await (await gw.app[INDEXER].opened()).chunk_keys(key)
     assert len(rows_before) > len(history) // 2
     settings = gw.settings
@@ -227,7 +227,7 @@ async def test_reindex_reproduces_the_index(start_gateway, upstream, tmp_path):
     assert out.returncode == 0, out.stderr
     assert "reindexed 1 sessions" in out.stdout
     gw2 = await start_gateway()
-    after = orjson.loads(await gw2.app[PIPELINE].recall.tools.run(call, kind="search", session_key=key, path_ids=path, hidden=frozenset()))
+    after = orjson.loads(await gw2.app[PIPELINE].loop.tools.run(call, kind="search", session_key=key, path_ids=path, hidden=frozenset()))
     assert await (await gw2.app[INDEXER].opened()).chunk_keys(key) == rows_before
     # Same rows; BM25 statistics of a freshly built index differ slightly from an
     # incrementally grown one, so only the best hit must agree.

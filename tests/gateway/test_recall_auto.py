@@ -202,7 +202,7 @@ async def test_a_slow_search_does_not_hold_the_request(start_gateway, upstream):
 
     gw = await start_gateway(recall={"auto_tokens": 800, "auto_timeout_s": 0.2})
     s, history = await long_history(gw, session="auto-slow")
-    tools = gw.app[PIPELINE].recall.tools
+    tools = gw.app[PIPELINE].loop.tools
     real, finished = tools.find, []
 
     async def slow_find(*args, **kwargs):

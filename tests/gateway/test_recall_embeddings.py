@@ -100,7 +100,7 @@ async def test_paraphrase_found_through_the_configured_embeddings_endpoint(start
                if not str(e.message.get("content")).startswith("RECALL:")}  # the question's own turn
     search = {"id": "s", "type": "function", "function": {
         "name": "session_search", "arguments": json.dumps({"query": QUESTION, "scope": "session"})}}
-    found = orjson.loads(await gw.app[PIPELINE].recall.tools.run(
+    found = orjson.loads(await gw.app[PIPELINE].loop.tools.run(
         search, kind="search", session_key=key, path_ids=list(by_text.values()), hidden=frozenset()))
     assert found["results"][0]["event_id"] == by_text[FACT]
     index = await gw.app[INDEXER].opened()

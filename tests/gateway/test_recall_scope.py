@@ -62,7 +62,7 @@ async def test_second_user_with_same_opening_cannot_recall_the_first_users_secre
     from store.canonical import path_ids
 
     bob_path = path_ids(bob + [ask])
-    tools = gw.app[PIPELINE].recall.tools
+    tools = gw.app[PIPELINE].loop.tools
     load = {"id": "l", "type": "function", "function": {"name": "session_load", "arguments": json.dumps({"event_id": secret_id})}}
     loaded = orjson.loads(await tools.run(load, kind="load", session_key=key, path_ids=bob_path, hidden=frozenset(bob_path)))
     assert "error" in loaded and "4417" not in json.dumps(loaded)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from gateway.chat import windows as windows_module
+from gateway.pipeline import windows as windows_module
 from gateway.pipeline.windows import DEFAULT_WINDOW, Windows
 
 

@@ -19,7 +19,7 @@ from tests.gateway.test_recall_auto import blocks, forwarded
 
 async def drained(gw) -> None:
     """Wait for late searches (a cold index's first ones may outlive 0.2 s) to end."""
-    late = gw.app[PIPELINE].recall.tools.late_searches
+    late = gw.app[PIPELINE].loop.tools.late_searches
     for _ in range(400):
         if not late:
             break
@@ -35,7 +35,7 @@ async def test_a_session_with_a_late_search_starts_no_other_until_it_ends(start_
     gw = await start_gateway(recall={"auto_tokens": 800, "auto_timeout_s": 0.2})
     s, history = await long_history(gw, session="auto-backlog")
     await drained(gw)
-    tools = gw.app[PIPELINE].recall.tools
+    tools = gw.app[PIPELINE].loop.tools
     registry = gw.app[METRICS].registry
     real, release, started = tools.find, asyncio.Event(), []
 
@@ -72,7 +72,7 @@ async def test_other_sessions_still_search_while_one_is_behind(start_gateway, up
     slow, slow_history = await long_history(gw, session="auto-behind")
     fast, fast_history = await long_history(gw, session="auto-fine")
     await drained(gw)
-    tools = gw.app[PIPELINE].recall.tools
+    tools = gw.app[PIPELINE].loop.tools
     real, release, behind = tools.find, asyncio.Event(), []
 
     async def find(session_key, *args, **kwargs):

@@ -1,0 +1,126 @@
+"""The Responses API for the recall loop (``gateway/pipeline/recall_loop.py``).
+
+When a response's output calls only recall tools, the loop runs them and appends the output
+items (reasoning included, so it stays bound to its calls) and ``function_call_output`` items.
+The client sees one response: recall calls never reach it, in JSON or in the stream
+(``ResponseStreamFilter`` renumbers ``output_index`` and ``sequence_number``), usage is summed,
+the first call's id names the response and the response echoes the client's own tools. A
+response that mixes client calls with recall calls goes to the client without the recall calls.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from gateway.http.errors import UpstreamErrorEvent
+from gateway.pipeline.adapter import RecallFormat, Reply
+from gateway.pipeline.turn import Turn
+from gateway.responses import adapter as fmt
+from gateway.responses.stream import (TERMINAL, ResponseStreamFilter, add_usage, answer_of, as_sent, chat_usage,
+                                      is_recall_item, visible_output)
+from policies.messages import tool_calls
+
+
+def recall_body(turn: Turn, messages: list[dict], with_recall: bool, stream: bool) -> bytes:
+    tools = turn.view.tools if with_recall else turn.chat.body.get("tools")
+    body = fmt.render_body(turn.chat, messages, tools)
+    if not with_recall and not turn.chat.body.get("tools"):
+        for key in ("tools", "tool_choice", "parallel_tool_calls"):
+            body.pop(key, None)
+    return orjson.dumps(body)
+
+
+def _reply(output: list, names: tuple[str, str], usage, complete: bool) -> Reply:
+    items = [i for i in output if isinstance(i, dict)]
+    assistant = fmt.assistant_item(items)
+    client = any(fmt.is_call(i) and not is_recall_item(i, names) for i in items)
+    recall = [c for c in tool_calls(assistant) if c["function"]["name"] in names]
+    return Reply(recall=recall, client=client, complete=complete, assistant=assistant, usage=chat_usage(usage))
+
+
+class ResponsesJsonTurn:
+    def __init__(self, turn: Turn) -> None:
+        self.names = turn.view.recall_names
+        self.client_tools = turn.chat.body.get("tools")
+        self.usage: dict | None = None
+        self.first_id = None
+
+    def read(self, data: dict) -> Reply | None:
+        if not isinstance(data.get("output"), list):
+            return None
+        self.first_id = self.first_id or data.get("id")
+        self.usage = add_usage(self.usage, data.get("usage"))
+        return _reply(data["output"], self.names, data.get("usage"), data.get("status", "completed") == "completed")
+
+    def recalled(self, reply: Reply) -> None:
+        pass
+
+    def final(self, data: dict) -> tuple[dict, dict | None, dict | None]:
+        data["output"] = visible_output(data["output"], self.names)
+        data = as_sent(data, self.client_tools)
+        if self.first_id:
+            data["id"] = self.first_id
+        if self.usage is not None:
+            data["usage"] = self.usage
+        answer = answer_of(data)
+        if answer is not None and isinstance(data.get("id"), str):
+            answer["response_id"] = data["id"]
+        return data, answer, chat_usage(self.usage)
+
+
+class ResponsesRecallStream:
+    """The Responses streams of one turn as one (``ResponseStreamFilter``), its terminal events
+    read here: the loop decides whether another round follows."""
+
+    def __init__(self, turn: Turn) -> None:
+        self.names = turn.view.recall_names
+        self.filter = ResponseStreamFilter(self.names, turn.chat.body.get("tools"))
+        self.terminal: dict | None = None
+
+    def feed(self, event: dict) -> bytes:
+        kind = event.get("type")
+        if kind == "error":
+            raise UpstreamErrorEvent(event.get("error") if isinstance(event.get("error"), dict) else event)
+        if kind in TERMINAL:
+            self.terminal = event
+            return b""
+        return self.filter.feed(event)
+
+    def done(self) -> None:
+        pass
+
+    def _final(self) -> dict:
+        terminal = self.terminal or {}
+        return terminal.get("response") if isinstance(terminal.get("response"), dict) else {}
+
+    def round_end(self) -> Reply | None:
+        if self.terminal is None:
+            return None
+        final = self._final()
+        output = final.get("output") if isinstance(final.get("output"), list) else []
+        return _reply(output, self.names, final.get("usage"), self.terminal.get("type") == "response.completed")
+
+    def end_round(self, *, final: bool) -> bytes:
+        return self.filter.end_round(self._final(), final=final)
+
+    def new_round(self) -> None:
+        self.terminal = None
+        self.filter.new_round()
+
+    def finish(self) -> bytes:
+        return self.filter.finish(self.terminal)
+
+    def answer(self) -> dict | None:
+        if self.terminal.get("type") != "response.completed":
+            return None
+        answer = answer_of({**self._final(), "output": self.filter.visible})
+        first = self.filter.first
+        if answer is not None and first and isinstance(first.get("id"), str):
+            answer["response_id"] = first["id"]
+        return answer
+
+    def usage(self) -> dict | None:
+        return chat_usage(self.filter.usage)
+
+
+RECALL = RecallFormat(recall_body, ResponsesJsonTurn, ResponsesRecallStream)
