@@ -28,6 +28,7 @@ from gateway.pipeline.relay import DONE, upstream_events
 from gateway.pipeline.turn import Timing, Turn, TurnRecorder
 from gateway.pipeline.views import View, ViewBuilder
 from gateway.http.errors import GatewayError, UpstreamIncomplete
+from gateway.http.gate import tenant_of
 from gateway.http.identity import Identity
 from gateway.http.upstream import Upstream, response_headers
 from gateway.ops.receipts import RECEIPT_HEADER, new_receipt_id
@@ -185,7 +186,7 @@ class WirePipeline:
     async def start(self, request: web.Request):
         """(timing, tenant, chat, ids): the first steps of every request."""
         timing = Timing()
-        tenant = self.identity.tenant(request)  # 401 here for a missing/unknown client key
+        tenant = tenant_of(request)  # resolved by the route's gate (a 401 for a missing/unknown client key)
         chat, ids = await self.parsed(await request.read())
         request[MODEL] = self.metrics.model_label(chat.model)
         request[TENANT] = tenant
