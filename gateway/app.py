@@ -18,6 +18,7 @@ from aiohttp import web
 
 from gateway.ops.admin import setup_admin
 from gateway.chat.pipeline import ChatPipeline, handle_chat
+from gateway.pipeline.limits import TenantLimits
 from gateway.pipeline.quota import StorageQuota
 from gateway.http.errors import Unauthorized
 from gateway.http.middleware import error_middleware
@@ -48,6 +49,7 @@ from gateway.pipeline.windows import Windows
 from policies import Calibration, TokenCounter
 from store import call as store_call, close_stores, open_response_ids, open_stores, sweep_expired
 from store.interfaces import LedgerStore, TurnLogStore
+from store.private import secure_tree
 from store.turns import TurnLog
 
 
@@ -64,11 +66,32 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ready"})
 
 
+log = logging.getLogger("palimpsest")
+
+
+def metrics_closed(settings: Settings) -> bool:
+    """With tenants and no metrics_token, /metrics answers 401 unless metrics_open says otherwise:
+    its figures name tenants, models and volumes."""
+    return bool(settings.tenants) and not settings.server.metrics_open
+
+
+def log_metrics_exposure(settings: Settings) -> None:
+    """One line at start when /metrics is open to anyone who can reach the port."""
+    if settings.server.metrics_token.get_secret_value() or metrics_closed(settings):
+        return
+    level = logging.WARNING if settings.tenants else logging.INFO
+    log.log(level, "/metrics is open to anyone who can reach this port: set server.metrics_token to require a token")
+
+
 async def metrics_endpoint(request: web.Request) -> web.Response:
-    token = request.app[SETTINGS].server.metrics_token.get_secret_value()
+    settings = request.app[SETTINGS]
+    token = settings.server.metrics_token.get_secret_value()
     given = request.headers.get("Authorization", "")
     if token and not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), f"Bearer {token}".encode()):
         raise Unauthorized("/metrics requires server.metrics_token (Authorization: Bearer <token>).")
+    if not token and metrics_closed(settings):
+        raise Unauthorized("/metrics is closed: tenants are configured and server.metrics_token is not set "
+                           "(or set server.metrics_open = true).")
     metrics = request.app[METRICS]
     ledger = request.app[LEDGER]
     metrics.store_bytes.labels("ledger").set(await store_call(ledger.volume_bytes))
@@ -149,6 +172,7 @@ def operator_keys(settings: Settings) -> list[str]:
 
 async def _resources(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
+    log_metrics_exposure(settings)
     upstream = Upstream(
         settings.upstream.base_url,
         settings.upstream.api_key.get_secret_value(),
@@ -195,10 +219,13 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                         max_rounds=settings.recall.max_rounds, metrics=metrics)
     quota = StorageQuota(ledger, settings.store.max_stored_mb,
                          {name: t.max_stored_mb for name, t in settings.tenant_table().items()})
+    limits = TenantLimits(settings.limits, settings.tenant_table())
     pipeline_parts = dict(settings=settings, upstream=upstream, ledger=ledger, identity=app[IDENTITY], metrics=metrics,
-                          views=views, recorder=recorder, quota=quota, loop=recall)
+                          views=views, recorder=recorder, quota=quota, loop=recall, limits=limits)
     app[PIPELINE] = ChatPipeline(**pipeline_parts)
     response_ids = open_response_ids(settings.store, ledger)  # shared by replicas with store.url
+    if not settings.store.url:  # the embedded store: 0700/0600, an existing store's modes fixed (store/private.py)
+        secure_tree(settings.store.path)
     responses = ResponsesPipeline(
         **pipeline_parts, response_ids=response_ids,
         compactor=Compactor(ledger=ledger, checkpoints=checkpoints, summarizer=summarizer, views=views,

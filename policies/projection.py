@@ -8,6 +8,7 @@ keeps the client's messages for the ledger and builds the outgoing copy here.
 from __future__ import annotations
 
 from policies.extraction import format_exact_values
+from policies.fences import defuse
 
 SUMMARY_OPEN = "<session_summary>"
 SUMMARY_CLOSE = "</session_summary>"
@@ -22,12 +23,6 @@ _NO_SUMMARY = (
 )
 
 
-def _defuse(text: str) -> str:
-    # A summary quoting the closing tag would end the block early and let the rest read as
-    # fresh instructions.
-    return text.replace(SUMMARY_CLOSE, "</session_summary_>").replace(SUMMARY_OPEN, "<session_summary_>")
-
-
 def render_summary_block(summary: str | None, state: dict | None, common_values_limit: int = 40) -> str:
     """The text block injected into the view; ``summary`` may be None (state only).
 
@@ -37,10 +32,10 @@ def render_summary_block(summary: str | None, state: dict | None, common_values_
     """
     parts = [SUMMARY_OPEN, _INTRO if summary else _NO_SUMMARY]
     if summary and summary.strip():
-        parts.append(_defuse(summary.strip()))
+        parts.append(defuse(summary.strip()))  # a summary quoting a fence tag cannot end the block
     values = format_exact_values(state, common_values_limit)
     if values:
-        parts.append("Exact values from the earlier conversation (verbatim):\n" + _defuse(values))
+        parts.append("Exact values from the earlier conversation (verbatim):\n" + defuse(values))
     parts.append(SUMMARY_CLOSE)
     return "\n\n".join(parts)
 

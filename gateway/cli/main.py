@@ -63,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"palimpsest: {exc}", file=sys.stderr)
         return 2
+    # Every file the gateway and its libraries create in the store is private (store/private.py).
+    from store.private import UMASK
+
+    os.umask(UMASK)
     if args.command == "serve":
         return serve_forever(settings, host=args.host, port=args.port)
     if args.command == "reindex":

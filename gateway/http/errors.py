@@ -105,6 +105,19 @@ class StorageQuotaExceeded(GatewayError):
     code = "storage_quota_exceeded"
 
 
+class RateLimited(GatewayError):
+    """A tenant over its request rate (gateway/pipeline/limits.py); `retry_after` seconds until
+    its next request is admitted (the Retry-After header)."""
+
+    status = 429
+    type = "requests"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class UpstreamUnreachable(GatewayError):
     status = 502
     type = "upstream_error"

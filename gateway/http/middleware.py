@@ -36,6 +36,8 @@ async def error_middleware(request: web.Request, handler):
             log.warning("error after the response started; closing the connection", extra={"fields": {"error": type(exc).__name__}})
             raise
         response = error_response(exc.status, exc.message, exc.type, exc.param, exc.code)
+        if getattr(exc, "retry_after", None) is not None:
+            response.headers["Retry-After"] = str(exc.retry_after)
         if exc.close_connection:
             response.force_close()
         return response
