@@ -6,6 +6,11 @@ upstream call the puppet answered (the client's requests, recall rounds, summary
 cached share is what the puppet reported (``simulator/cache.py``: a prefix shared with any
 earlier request of the model, at least 1024 tokens, in steps of 128).
 
+``WRITE_RATE`` prices a token written to the cache: 1.0 by default (OpenAI before GPT-5.6 bills
+no write), 1.25 for GPT-5.6-style write premiums (``--write-rate 1.25``). A written token is the
+part of a prompt's cacheable length (at least 1024 tokens, in steps of 128) that was not read
+from the cache; the rest of the uncached prompt is billed at 1.
+
 *Ideal direct* is what the user would pay without the gateway if the window allowed: the
 client's own append-only requests, in order, through a fresh cache of the same rule that never
 expires, with no window limit, each answered with the answer the client got.
@@ -19,6 +24,14 @@ from simulator.cache import PromptCache
 from simulator.counting import count_message, count_prompt, count_text
 
 CACHED_RATE = 0.1
+WRITE_RATE = 1.0  # set by the benchmarks' --write-rate
+
+
+def prompt_cost(prompt: int, cached: int) -> float:
+    """A prompt's cost: cached tokens at CACHED_RATE, newly cached ones at WRITE_RATE, the rest at 1."""
+    cacheable = 0 if prompt < 1024 else prompt // 128 * 128
+    written = max(0, cacheable - cached)
+    return prompt - cached - written + WRITE_RATE * written + CACHED_RATE * cached
 
 
 def usage_cost(usage: dict | None) -> dict[str, float]:
@@ -28,7 +41,7 @@ def usage_cost(usage: dict | None) -> dict[str, float]:
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     output = usage.get("completion_tokens") or 0
     return {"prompt": prompt, "cached": cached, "output": output,
-            "cost": prompt - cached + CACHED_RATE * cached + output}
+            "cost": prompt_cost(prompt, cached) + output}
 
 
 def billed(calls: Iterable[Any]) -> dict[str, float]:
@@ -65,7 +78,7 @@ def ideal_direct(requests: Iterable[tuple[dict, dict | None]]) -> dict[str, floa
         total["prompt"] += prompt
         total["cached"] += cached
         total["output"] += output
-        total["cost"] += prompt - cached + CACHED_RATE * cached + output
+        total["cost"] += prompt_cost(prompt, cached) + output
     return total
 
 

@@ -774,6 +774,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="a [policy] key for the gateway of the synthetic, loop and LongMemEval sections "
                         "(repeatable; VALUE parsed as JSON, else a string), e.g. --policy compact_trigger_ratio=0.6")
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
+    parser.add_argument("--write-rate", type=float, default=1.0,
+                        help="price of a token written to the provider's cache (1.25: GPT-5.6-style premiums)")
     args = parser.parse_args(argv)
     policy = {}
     for item in args.policy:
@@ -782,6 +784,9 @@ def main(argv: list[str] | None = None) -> None:
             policy[key] = json.loads(value)
         except ValueError:
             policy[key] = value
+    billing.WRITE_RATE = args.write_rate
+    if args.write_rate != 1.0:  # the operator tells the gateway its provider's write price
+        policy.setdefault("cache_write_rate", args.write_rate)
     args.sections = {"policy": policy} if policy else {}
     q = args.quick
     args.seed_list = [int(s) for s in (args.seeds or ("1,2" if q else "1,2,3,4")).split(",") if s]

@@ -41,6 +41,7 @@ from aiohttp import web  # noqa: E402
 
 from common import quiet_logs  # noqa: E402
 from gateway.app import create_app  # noqa: E402
+from gateway.keys import METRICS  # noqa: E402
 from gateway.settings import load_settings  # noqa: E402
 from simulator.messages_rules import blocks  # noqa: E402
 from simulator.puppet import RECEIVED, create_puppet_app  # noqa: E402
@@ -49,6 +50,7 @@ BASH = {"name": "Bash", "description": "Executes a bash command and returns its 
         "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}
 SYSTEM = [{"type": "text", "text": "You are a coding agent. " * 200, "cache_control": {"type": "ephemeral"}}]
 HEADERS = {"anthropic-beta": "interleaved-thinking-2025-05-14"}
+WRITE_RATE = 1.25  # a cache write: 1.25x with the 5-minute TTL, 2x with the 1-hour one (--write-rate)
 
 
 def output(step: int) -> str:
@@ -75,7 +77,7 @@ class Run:
         self.history: list[dict] = []
 
     def billed(self) -> float:
-        return self.fresh + 0.1 * self.read + 1.25 * self.written
+        return self.fresh + 0.1 * self.read + WRITE_RATE * self.written
 
 
 async def loop(client: anthropic.AsyncAnthropic, model: str, steps: int, session: str) -> Run:
@@ -95,7 +97,7 @@ async def loop(client: anthropic.AsyncAnthropic, model: str, steps: int, session
         run.latency.append(time.perf_counter() - t0)
         run.answered += 1
         run.client_tokens += tokens
-        run.ideal += 0.1 * previous + 1.25 * (tokens - previous)
+        run.ideal += 0.1 * previous + WRITE_RATE * (tokens - previous)
         previous = tokens
         usage = message.usage
         run.fresh += usage.input_tokens
@@ -156,12 +158,14 @@ def row(name: str, run: Run | None, extra: str = "") -> str:
 
 
 async def main(args) -> None:
+    global WRITE_RATE
+    WRITE_RATE = args.write_rate
     quiet_logs()
     puppet = create_puppet_app(windows={"fake-32k": 32_000, "fake-200k": 200_000})
     prunner, purl = await serve(puppet)
     with tempfile.TemporaryDirectory() as tmp:
         settings = load_settings(None, upstream={"base_url": purl + "/v1", "format": "anthropic"},
-                                 store={"path": tmp}, policy={"profile": args.profile})
+                                 store={"path": tmp}, policy={"profile": args.profile, "cache_write_rate": WRITE_RATE})
         gapp = create_app(settings)
         grunner, gurl = await serve(gapp)
         direct = anthropic.AsyncAnthropic(base_url=purl, api_key="sk-bench", max_retries=0, timeout=120)
@@ -176,7 +180,16 @@ async def main(args) -> None:
         summary_bodies = [r["json"] for r in puppet[RECEIVED]
                           if r["headers"].get("x-palimpsest-purpose") == "summary" and r.get("json")]
         summaries = len(summary_bodies)
-        summary_tokens = sum(t for body in summary_bodies for _, t, _ in blocks(body))
+        # Summary calls as the provider billed them (the gateway's own count of their usage).
+        registry = gapp[METRICS].registry
+
+        def summary_tokens(kind: str) -> float:
+            return sum(registry.get_sample_value("palimpsest_upstream_billed_tokens_total",
+                                                 {"model": m, "caller": "summary", "kind": kind}) or 0
+                       for m in ("fake-32k", "fake-200k"))
+
+        summary_prompt = summary_tokens("uncached") + summary_tokens("cached") + summary_tokens("cache_write")
+        summary_cost = summary_tokens("uncached") + 0.1 * summary_tokens("cached") + WRITE_RATE * summary_tokens("cache_write")
         await grunner.cleanup()
     await prunner.cleanup()
     added = [g - d for g, d in zip(g200.latency, d200.latency)]
@@ -184,8 +197,9 @@ async def main(args) -> None:
     print(f"{'run':<22} {'ok':>5} {'rej':>4} {'client tok':>10} {'upstr tok':>10} {'up/cl':>6} {'cost':>6} {'read%':>6} "
           f"{'cache read':>10} {'cache wr':>9}")
     print(row("direct fake-32k", d32, "(chain lost)" if d32.rejected else ""))
-    print(row("palimpsest fake-32k", g32, f"+ {summaries} summary calls, {summary_tokens:,} prompt tokens: cost "
-                                          f"{(g32.billed() + summary_tokens) / max(1.0, g32.ideal):.2f} with them"))
+    print(row("palimpsest fake-32k", g32, f"+ {summaries} summary calls, {summary_prompt:,.0f} prompt tokens "
+                                          f"(cached {summary_tokens('cached') / max(1.0, summary_prompt):.2f}): cost "
+                                          f"{(g32.billed() + summary_cost) / max(1.0, g32.ideal):.2f} with them"))
     print(row("direct fake-200k", d200))
     print(row("palimpsest fake-200k", g200))
     share = lambda r: r.read / r.upstream_tokens if r.upstream_tokens else 0.0  # noqa: E731
@@ -205,4 +219,5 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--recall", type=int, default=10)
     parser.add_argument("--profile", default="balanced", help="the gateway policy profile (economy, balanced, fidelity)")
+    parser.add_argument("--write-rate", type=float, default=1.25, help="price of a cache write (2.0: Anthropic's 1-hour TTL)")
     asyncio.run(main(parser.parse_args()))

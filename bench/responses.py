@@ -52,6 +52,7 @@ from tests.support.agent import drive_responses_loop, responses_turn
 SMALL, BIG = "fake-32k", "fake-2000k"
 WINDOWS = {SMALL: 32_000, BIG: 2_000_000}
 CACHE_MIN, CACHE_STEP, CACHED_PRICE = 1024, 128, 0.1
+WRITE_PRICE = 1.0  # a token written to the cache (--write-rate; 1.25 for GPT-5.6-style premiums)
 
 
 # -- billing ----------------------------------------------------------------------------------
@@ -89,8 +90,9 @@ def billed(requests: list[list[tuple[bytes, int]]]) -> tuple[int, float]:
         total = sum(t for _, t in request)
         best = max((shared(request, earlier) for earlier in requests[:n]), default=0)
         cached = 0 if best < CACHE_MIN else best // CACHE_STEP * CACHE_STEP
+        written = max(0, (0 if total < CACHE_MIN else total // CACHE_STEP * CACHE_STEP) - cached)
         tokens += total
-        cost += total - cached + CACHED_PRICE * cached
+        cost += total - cached - written + WRITE_PRICE * written + CACHED_PRICE * cached
     return tokens, cost
 
 
@@ -125,7 +127,9 @@ class Run:
             return cls(puppet)
         settings = load_settings(None, upstream={"base_url": puppet.base_url}, store={"path": tempfile.mkdtemp()},
                                  models={SMALL: {"context_window": WINDOWS[SMALL], "api": api}},
-                                 server={"client_keys": "off"}, log={"level": "ERROR"})
+                                 server={"client_keys": "off"}, log={"level": "ERROR"},
+                                 # the operator tells the gateway its provider's write price
+                                 **({"policy": {"cache_write_rate": WRITE_PRICE}} if WRITE_PRICE != 1.0 else {}))
         app = create_app(settings)
         run = cls(puppet)
         app.middlewares.insert(0, run._timing())
@@ -180,13 +184,13 @@ async def codex(calls: int, *, gateway: bool, api: str = "responses", model: str
         await run.close()
 
 
-async def sdk_loops(seeds: int, calls: int, *, gateway: bool, model: str) -> dict:
+async def sdk_loops(seeds: int, calls: int, *, gateway: bool, model: str, seed_base: int = 100) -> dict:
     run = await Run.start(gateway=gateway)
     recalled = asked = rejected = 0
     client_bodies = []
     try:
         for seed in range(seeds):
-            session = agent_loop_session(seed=100 + seed, turns=1, calls=calls)
+            session = agent_loop_session(seed=seed_base + seed, turns=1, calls=calls)
             client = openai.AsyncOpenAI(base_url=run.base_url, api_key="sk-bench", max_retries=0,
                                         default_headers={"X-Session-Id": f"bench-{seed}"})
             try:
@@ -217,9 +221,11 @@ async def main(args) -> None:
     quiet_logs()
     rows: list[tuple[str, str, str, str, str]] = []
     # SDK loops: the ideal (no window), direct on 32k, through the gateway.
-    ideal = await sdk_loops(args.seeds, args.calls, gateway=False, model=BIG)
-    direct = await sdk_loops(args.seeds, args.calls, gateway=False, model=SMALL)
-    through = await sdk_loops(args.seeds, args.calls, gateway=True, model=SMALL)
+    global WRITE_PRICE
+    WRITE_PRICE = args.write_rate
+    ideal = await sdk_loops(args.seeds, args.calls, gateway=False, model=BIG, seed_base=args.seed_base)
+    direct = await sdk_loops(args.seeds, args.calls, gateway=False, model=SMALL, seed_base=args.seed_base)
+    through = await sdk_loops(args.seeds, args.calls, gateway=True, model=SMALL, seed_base=args.seed_base)
     ideal_tokens, ideal_cost = billed(ideal["views"])
     up_tokens, up_cost = billed(through["upstream"])
     rows.append(("SDK loops, 32k: provider rejections", f"{over_window(ideal['views'])} of {len(ideal['views'])} requests over the window",
@@ -264,4 +270,7 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=34)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--no-codex", dest="codex", action="store_false")
+    parser.add_argument("--seed-base", type=int, default=100, help="the SDK loops' first seed")
+    parser.add_argument("--write-rate", type=float, default=1.0,
+                        help="price of a token written to the provider's cache (1.25: GPT-5.6-style premiums)")
     asyncio.run(main(parser.parse_args()))

@@ -28,22 +28,40 @@ from typing import Any
 LEAD_REQUESTS = 2
 # Output tokens of a summary per word of its limit (prose runs about 1.3 tokens a word).
 SUMMARY_TOKENS_PER_WORD = 1.4
-# A provider caches no prefix under 1024 tokens, and longer ones in steps of 128 (OpenAI).
+# Without a cache rule: no prefix under 1024 tokens is cached, longer ones in steps of 128 (OpenAI).
 CACHE_MIN_TOKENS, CACHE_STEP = 1024, 128
 
 
 @dataclass(frozen=True, slots=True)
 class Rates:
-    """Prices relative to an uncached input token."""
+    """Prices relative to an uncached input token, and the provider's cacheable lengths."""
 
     cached: float = 0.1
     write: float = 1.0
     output: float = 4.0
+    min_tokens: int = CACHE_MIN_TOKENS
+    step: int = CACHE_STEP
 
 
 def cost_rates(policy: Any) -> Rates:
-    """The policy's price ratios (``cached_input_rate``, ``cache_write_rate``, ``output_rate``)."""
-    return Rates(policy.cached_input_rate, policy.cache_write_rate, policy.output_rate)
+    """The policy's price ratios and cache lengths (``cached_input_rate``, ``cache_write_rate``,
+    ``output_rate``, ``cache_min_tokens``, ``cache_step``; unset ones the defaults)."""
+    def given(value, default):
+        return default if value is None else value
+
+    return Rates(given(policy.cached_input_rate, 0.1), given(policy.cache_write_rate, 1.0), policy.output_rate,
+                 given(policy.cache_min_tokens, CACHE_MIN_TOKENS), given(policy.cache_step, CACHE_STEP))
+
+
+def with_cache_rule(policy: Any, rule: Any) -> Any:
+    """`policy` with the cost-model inputs it leaves unset taken from the model's cache rule
+    (``policies.prices.CacheRule``); `policy` itself when there is nothing to fill."""
+    if rule is None:
+        return policy
+    update = {field: value for field, value in (("cached_input_rate", rule.read), ("cache_write_rate", rule.write),
+                                                ("cache_min_tokens", rule.min_tokens), ("cache_step", rule.step))
+              if getattr(policy, field) is None}
+    return policy.model_copy(update=update) if update else policy
 
 
 def further_requests(requests_so_far: int) -> float:
@@ -51,20 +69,23 @@ def further_requests(requests_so_far: int) -> float:
     return float(max(0, requests_so_far))
 
 
-def cacheable(tokens: float) -> float:
+def cacheable(tokens: float, rates: Rates | None = None) -> float:
     """The part of a repeated prefix a provider serves from its cache."""
-    return 0 if tokens < CACHE_MIN_TOKENS else tokens // CACHE_STEP * CACHE_STEP
+    low, step = (rates.min_tokens, rates.step) if rates is not None else (CACHE_MIN_TOKENS, CACHE_STEP)
+    return 0 if tokens < low else tokens // step * step
 
 
 def resent(tokens: float, rates: Rates) -> float:
     """A view sent again unchanged: its cacheable part at the cached rate, the rest in full."""
-    cached = cacheable(tokens)
+    cached = cacheable(tokens, rates)
     return rates.cached * cached + tokens - cached
 
 
 def event_price(before: float, after: float, rates: Rates, *, idle: bool = False) -> float:
-    """What the request carrying a compaction event pays beyond what an appended view costs."""
-    written = rates.write * after if cacheable(after) else after
+    """What the request carrying a compaction event pays beyond what an appended view costs.
+    The rewritten view is written to the cache whole: a write premium (``rates.write`` over 1:
+    GPT-5.6 on, Anthropic) makes an event dearer, and it must save that much more to pay."""
+    written = rates.write * after if cacheable(after, rates) else after
     return written - (before if idle else resent(before, rates))
 
 

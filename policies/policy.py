@@ -174,8 +174,20 @@ class Policy(BaseModel):
         True, description="Compaction events between compact_trigger_ratio and sync_compaction_ratio, and summary jobs, only "
         "when they pay for themselves (policies/cost.py); off: the ratios trigger unconditionally."
     )
-    cached_input_rate: float = Field(0.1, ge=0, le=1, description="A cached input token's price / an uncached one's (cost model).")
-    cache_write_rate: float = Field(1.0, ge=0, le=10, description="A cache-written input token's price / an uncached one's (1.0 OpenAI, 1.25 Anthropic).")
+    cached_input_rate: float | None = Field(
+        None, ge=0, le=1, description="A cached input token's price / an uncached one's (cost model); unset: the model's "
+        "cache rule (policies/prices.py), else 0.1.")
+    cache_write_rate: float | None = Field(
+        None, ge=0, le=10, description="A cache-written input token's price / an uncached one's (1.0 OpenAI before GPT-5.6, "
+        "1.25 GPT-5.6 on and Anthropic); unset: the model's cache rule, else 1.0.")
+    holdout_share: float = Field(
+        0.0, ge=0, le=1, description="Share of sessions (deterministic per session) sent as direct: untouched while they "
+        "fit, the oldest rounds cut when they do not, still recorded; their metrics carry arm=\"holdout\", the others "
+        "arm=\"compacted\", so the saving is measured on the operator's own traffic (policies/holdout.py).")
+    cache_min_tokens: int | None = Field(
+        None, ge=0, description="The shortest prefix the provider caches; unset: the model's cache rule, else 1024.")
+    cache_step: int | None = Field(
+        None, ge=1, description="Cached prefix lengths grow in these steps; unset: the model's cache rule, else 128.")
     output_rate: float = Field(4.0, ge=0, le=100, description="An output token's price / an uncached input token's (cost model).")
     summary_timeout_s: float = Field(60.0, gt=0, description="Upper bound for one summary call.")
     sync_budget_s: float = Field(

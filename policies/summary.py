@@ -223,7 +223,13 @@ def render_summary_request(previous_summary: str | None, state: dict, transcript
 def render_forked_summary_request(
     parent_messages: list[dict], previous_summary: str | None, state: dict, policy: Policy
 ) -> list[dict]:
-    """The parent request unchanged, plus one message with the gateway's instruction.
+    """The parent request unchanged, plus one message with the gateway's instruction
+    (``render_fork_instruction``)."""
+    return [*parent_messages, {"role": "user", "content": render_fork_instruction(previous_summary, state, policy)}]
+
+
+def render_fork_instruction(previous_summary: str | None, state: dict, policy: Policy) -> str:
+    """The gateway's instruction that closes a cache-forked summary call.
 
     The provider's prompt cache already holds the parent prefix, so the fork pays only for
     the instruction and the answer. The fence is the transcript form's: everything before the
@@ -238,7 +244,7 @@ def render_forked_summary_request(
     if data:
         parts.append(_FENCE_NOTE + "\n\n" + "\n\n".join(data))
     parts.append("Keep every value listed in exact_values_to_keep verbatim. Use the required headings.")
-    return [*parent_messages, {"role": "user", "content": "\n\n".join(parts)}]
+    return "\n\n".join(parts)
 
 
 _FORK_FENCE = (

@@ -121,6 +121,8 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     if delay:
         await asyncio.sleep(delay)
     answer = decide({"messages": chat, "tools": _tools(body)}, summary)
+    if answer.calls and (body.get("tool_choice") or {}).get("type") == "none":  # no tool may be called
+        answer = Answer(content="(no tool call: tool_choice none)")
     if summary and state.summary_format == "ignore":
         answer = Answer(content="\n".join(line.lstrip("#").strip()
                                           for line in (answer.content or "").splitlines()))

@@ -98,6 +98,7 @@ def validate(body: Any, headers: Any, secret: bytes, *, counting: bool = False) 
                       "our documentation at https://docs.claude.com/en/docs/build-with-claude/"
                       "extended-thinking#max-tokens-and-context-window-size")
     _validate_tools(body.get("tools"))
+    _validate_tool_choice(body.get("tool_choice"), thinking_on(body))
     mid_system = "mid-conversation-system" in headers.get("anthropic-beta", "")
     _validate_messages(messages, mid_system, secret)
     breakpoints = count_breakpoints(body)
@@ -106,6 +107,24 @@ def validate(body: Any, headers: Any, secret: bytes, *, counting: bool = False) 
                   f"Found {breakpoints}.")
     if thinking_on(body):
         _check_thinking_first(messages)
+
+
+TOOL_CHOICES = ("auto", "any", "tool", "none")
+
+
+def _validate_tool_choice(choice: Any, thinking: bool) -> None:
+    """Anthropic's ``tool_choice``: an object whose type is auto, any, tool (with a name) or none."""
+    if choice is None:
+        return
+    if not isinstance(choice, dict):
+        raise bad("tool_choice: Input should be a valid dictionary or object to extract fields from")
+    if choice.get("type") not in TOOL_CHOICES:
+        raise bad(f"tool_choice: Input tag '{choice.get('type')}' found using 'type' does not match any of "
+                  "the expected tags: 'auto', 'any', 'tool', 'none'")
+    if choice["type"] == "tool" and not isinstance(choice.get("name"), str):
+        raise bad("tool_choice.tool.name: Field required")
+    if thinking and choice["type"] in ("any", "tool"):
+        raise bad("Thinking may not be enabled when tool_choice forces tool use.")
 
 
 def _validate_tools(tools: Any) -> None:

@@ -108,6 +108,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         output = [compaction_item(state, chat)]
     else:
         answer = decide({"messages": chat, "tools": chat_tools(body.get("tools"))}, summary)
+        if answer.calls and body.get("tool_choice") == "none":  # the model may not call a tool
+            answer = Answer(content="(no tool call: tool_choice none)")
         if summary and state.summary_format == "ignore":
             answer = Answer(content="\n".join(line.lstrip("#").strip()
                                               for line in (answer.content or "").splitlines()))

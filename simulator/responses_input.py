@@ -87,9 +87,30 @@ def validate_body(body: Any) -> None:
                               + ", ".join(f"'{v}'" for v in INCLUDABLE) + ".",
                               param=f"include[{i}]", code="invalid_value")
     _validate_tools(body.get("tools"))
+    _validate_tool_choice(body.get("tool_choice"))
     if isinstance(raw_input, list):
         for i, item in enumerate(raw_input):
             _validate_item(item, f"input[{i}]")
+
+
+TOOL_CHOICE_MODES = ("none", "auto", "required")
+
+
+def _validate_tool_choice(choice: Any) -> None:
+    """OpenAI's ``tool_choice``: a mode string, or an object naming a function or a tool type."""
+    if choice is None:
+        return
+    if isinstance(choice, str):
+        if choice not in TOOL_CHOICE_MODES:
+            raise invalid(f"Invalid value: '{choice}'. Supported values are: 'none', 'auto', and 'required'.",
+                          param="tool_choice", code="invalid_value")
+        return
+    if not isinstance(choice, dict) or not isinstance(choice.get("type"), str):
+        raise invalid("Invalid type for 'tool_choice': expected one of a string or object.",
+                      param="tool_choice", code="invalid_type")
+    if choice["type"] == "function" and not isinstance(choice.get("name"), str):
+        raise invalid("Missing required parameter: 'tool_choice.name'.", param="tool_choice.name",
+                      code="missing_required_parameter")
 
 
 def _validate_tools(tools: Any, where: str = "tools") -> None:
@@ -303,9 +324,24 @@ def count_context(instructions: str | None, items: list[dict[str, Any]],
     head_tokens = count_text(instructions or "") + (
         count_text(orjson.dumps(tools).decode()) if tools else 0)
     keyed = [(orjson.dumps([instructions, tools], option=orjson.OPT_SORT_KEYS), head_tokens + 3)]
-    keyed += [(orjson.dumps(item, option=orjson.OPT_SORT_KEYS), item_tokens(item, secret))
+    keyed += [(orjson.dumps(cache_identity(item), option=orjson.OPT_SORT_KEYS), item_tokens(item, secret))
               for item in items]
     return keyed
+
+
+def cache_identity(item: dict[str, Any]) -> dict[str, Any]:
+    """An item as the prompt renders it: a message's string content is one text part, and a
+    ``prompt_cache_breakpoint`` mark is metadata, not prompt text."""
+    if item_type(item) != "message":
+        return item
+    content = item.get("content")
+    if isinstance(content, str):
+        kind = "output_text" if item.get("role") == "assistant" else "input_text"
+        content = [{"type": kind, "text": content}]
+    elif isinstance(content, list):
+        content = [{k: v for k, v in p.items() if k != "prompt_cache_breakpoint"} if isinstance(p, dict) else p
+                   for p in content]
+    return {**{k: v for k, v in item.items() if k != "type"}, "type": "message", "content": content}
 
 
 def window_error(prompt_tokens: int, window: int, limit: int) -> PuppetError:

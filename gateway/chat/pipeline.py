@@ -21,6 +21,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from gateway.chat.adapter import parse_and_hash
+from gateway.chat.fork import summary_fork
 from gateway.chat.recall import RECALL, body_without_recall
 from gateway.http.errors import GatewayError
 from gateway.http.sse import StreamAssembler, end_with_error
@@ -89,6 +90,9 @@ class ChatPipeline(WirePipeline):
 
     def watch(self) -> StreamWatch:
         return ChatWatch()
+
+    def forker(self, request: web.Request):
+        return summary_fork  # gateway/chat/fork.py
 
     async def end_stream(self, response: web.StreamResponse, error: GatewayError) -> None:
         await end_with_error(response, error)

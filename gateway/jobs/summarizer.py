@@ -48,6 +48,7 @@ from gateway.jobs.summary_model import (Auth, BudgetExceeded, SummaryFailed, Sum
                                         fork_applies, fork_parent)
 from policies import Policy, TokenCounter, choose_boundary, chunk_messages, extract_exact_values, merge_state
 from policies.extraction import extract_notes
+from policies.holdout import HOLDOUT
 from policies.summary import DETERMINISTIC_MODEL, render_state_summary
 from store import acquire as store_acquire, call as store_call
 from store.records import Checkpoint, SessionRef
@@ -124,8 +125,8 @@ class Summarizer:
     def after_turn(self, turn, answer_event) -> None:
         view = turn.view
         policy = view.policy
-        if turn.ref is None or policy is None or not view.budget:
-            return
+        if turn.ref is None or policy is None or not view.budget or view.arm == HOLDOUT:
+            return  # a holdout session is sent as direct: it gets no summaries
         if not summary_due(turn, self.counter, fork_applies(turn)):  # the cost model (policies/cost.py)
             return
         key = turn.ref.key
@@ -135,10 +136,9 @@ class Summarizer:
         if self._full():
             self.metrics.summary_dropped.labels("queue_full").inc()
             return
-        parent = fork_parent(turn, answer_event.message)  # the provider's cached prefix, for a cache fork
         job = SummaryJob(
             turn.ref, turn.chat.model, policy, [*turn.chat.history, answer_event.message], [*turn.chat.ids, answer_event.id],
-            turn.auth, parent[0] if parent else None, parent[1] if parent else None, budget=view.budget,
+            turn.auth, fork_parent(turn, answer_event.message), budget=view.budget,  # the provider's cached prefix
         )
         if not self._admit(job):
             return

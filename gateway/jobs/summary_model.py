@@ -23,17 +23,20 @@ from gateway.http.routing import Upstreams
 from gateway.http.upstream import Upstream
 from gateway.jobs.backoff import Breaker, SessionBackoff, retry_after_seconds
 from gateway.jobs.budget import TenantBudget
+from gateway.pipeline.fork import SummaryFork
 from policies import (
     Policy,
     TokenCounter,
     chunk_messages,
     extract_exact_values,
     format_transcript,
-    render_forked_summary_request,
+    render_fork_instruction,
     render_summary_request,
     validate_summary,
 )
 from policies.messages import content_text
+from policies.holdout import COMPACTED
+from policies.prices import read_usage
 from policies.summary import has_secret, render_correction_request
 from store.records import SessionRef
 
@@ -61,12 +64,13 @@ def credential_headers(auth: Auth) -> dict[str, str]:
 
 
 def fork_applies(turn) -> bool:
-    """Could a summary after this turn be a cache fork of its view? Not with another summary
-    model or endpoint (no shared cache), a view tailoring cut (the fork would not see the whole
-    delta), legacy functions, a Responses or Messages view, or no room in the window for the instruction and the summary."""
+    """Could a summary after this turn be a cache fork of its view? Not where the format has no
+    fork for it (``turn.fork``), with another summary model or endpoint (no shared cache), a view
+    tailoring cut (the fork would not see the whole delta), legacy functions, or no room in the
+    window for the instruction and the summary."""
     view, chat, policy = turn.view, turn.chat, turn.view.policy
-    if chat.format != "chat":
-        return False  # the view of another API is not a chat prefix: the summary call would share no cache
+    if turn.fork is None:
+        return False
     if not policy.summary_cache_fork or policy.summary_base_url or (policy.summary_model and policy.summary_model != chat.model):
         return False
     if view.dropped or chat.body.get("functions"):
@@ -74,25 +78,18 @@ def fork_applies(turn) -> bool:
     return not (view.window and view.upstream_tokens + SUMMARY_PROMPT_ROOM + 2 * policy.summary_max_words > view.window)
 
 
-def fork_parent(turn, answer: dict) -> tuple[list[dict], list[dict] | None] | None:
-    """What a cache-forked summary call resends: the messages and tools the upstream just got
-    (its cached prefix) and the answer; None where no fork applies."""
+def fork_parent(turn, answer: dict) -> SummaryFork | None:
+    """The format's fork of the view the upstream just got (its cached prefix) with the answer;
+    None where no fork applies."""
     view, chat, policy = turn.view, turn.chat, turn.view.policy
     if not fork_applies(turn):
         return None
-    # An answer that calls tools would stand unpaired before the instruction (a 400): its text only.
-    if answer.get("tool_calls"):
-        answer = {"role": "assistant", "content": answer.get("content")} if answer.get("content") else None
-    tail = [answer] if answer else []
-    if view.messages is None:  # forwarded as the client sent it
-        messages, tools = [*chat.body["messages"], *tail], chat.body.get("tools")
-    else:
-        messages, tools = [*view.messages, *tail], view.tools if view.tools is not None else chat.body.get("tools")
     # The transcript form redacts secrets before the summary model reads them; a fork cannot
     # (it must resend the prefix byte for byte), so a view holding one is summarised as a transcript.
-    if policy.redact_patterns and has_secret(messages, policy.redact_patterns):
+    shown = view.messages if view.messages is not None else [*chat.instructions, *chat.history]
+    if policy.redact_patterns and has_secret([*shown, answer], policy.redact_patterns):
         return None
-    return messages, tools
+    return turn.fork(turn, answer)
 
 
 class SummaryFailed(Exception):
@@ -124,8 +121,7 @@ class SummaryJob:
     history: list[dict]  # the path's messages (answer included), no system messages
     ids: list[str]
     auth: Auth  # the client's credential headers, in memory only, for upstreams that need them
-    parent_view: list[dict] | None = None  # the messages just sent upstream, answer included: a cache fork's prefix
-    parent_tools: list[dict] | None = None  # and their tools (part of the cached prefix)
+    fork: SummaryFork | None = None  # the request just sent upstream, in its format: a cache fork's prefix
     mode: str = "async"
     budget: int = 0  # the request model's prompt budget: scales the raw tail kept after the boundary
     deterministic: bool = False  # degraded: write the state-only checkpoint, call no model
@@ -156,7 +152,7 @@ class SummaryModel:
 
     async def write(self, job: SummaryJob, summary: str | None, delta: list[dict], state: dict) -> str | None:
         """`summary` updated with `delta`: folded chunk by chunk, or map-reduced when big."""
-        if job.policy.summary_cache_fork and job.parent_view:
+        if job.policy.summary_cache_fork and job.fork is not None:
             try:
                 return await self.fork(job, summary, delta)
             except SummaryFailed as exc:
@@ -184,10 +180,11 @@ class SummaryModel:
 
     async def fork(self, job: SummaryJob, summary: str | None, delta: list[dict]) -> str:
         """`summary` updated with `delta` in one call that resends the view just sent (which
-        holds the delta) plus the instruction: the provider serves the prefix from its cache."""
+        holds the delta) plus the instruction: the provider serves the prefix from its cache.
+        The messages summarised here are only what the call adds to the fork."""
         state = extract_exact_values(delta, cap=VALIDATED_VALUES * 4)
         checked = {kind: values[:VALIDATED_VALUES] for kind, values in state.items()}
-        messages = render_forked_summary_request(job.parent_view, summary, state, job.policy)
+        messages = [{"role": "user", "content": render_fork_instruction(summary, state, job.policy)}]
         return await self.summarize(job, messages, checked, forked=True)
 
     async def map_reduce(self, job: SummaryJob, previous: str | None, chunks: list[list[dict]], state: dict) -> str:
@@ -251,36 +248,45 @@ class SummaryModel:
         return self.upstream.tenant_key(job.ref.tenant, upstream) or upstream.api_key
 
     async def call(self, job: SummaryJob, messages: list[dict], *, forked: bool = False) -> str:
+        """One summary call. A fork (`forked`) speaks its parent's format on its route, and
+        `messages` are what it appends; otherwise they are the whole request, in the upstream's
+        format (Chat Completions, or Anthropic Messages for ``upstream.format = "anthropic"``)."""
         policy = job.policy
         upstream, model = self.route(job)
         base = (policy.summary_base_url or upstream.base_url).rstrip("/")
         headers = {"Content-Type": "application/json", "x-palimpsest-purpose": "summary"}
         key = self._key(job, upstream)
-        anthropic = getattr(upstream, "format", "openai") == "anthropic"
+        max_tokens = policy.summary_max_words * 2
+        fork = job.fork if forked else None
+        if fork is not None:
+            key_header = fork.key_header
+            path, body, read = fork.path, fork.body([content_text(m["content"]) for m in messages], max_tokens), fork.reply
+            headers.update(fork.headers)
+            reserved = fork.tokens + self.counter.count_messages(messages) + body.get("max_tokens", body.get("max_output_tokens", max_tokens))
+        else:
+            anthropic = getattr(upstream, "format", "openai") == "anthropic"
+            key_header = "x-api-key" if anthropic else "Authorization"
+            body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+            path, read = "/chat/completions", chat_reply
+            if anthropic:  # the same request in Anthropic Messages: system text apart, the answer in content blocks
+                headers["anthropic-version"] = ANTHROPIC_VERSION
+                path, body, read = "/messages", messages_body(body), messages_reply
+            reserved = self.counter.count_messages(messages) + max_tokens
         if key:
-            headers.update({"x-api-key": key} if anthropic else {"Authorization": f"Bearer {key}"})
+            headers.update({"x-api-key": key} if key_header == "x-api-key" else {"Authorization": f"Bearer {key}"})
         elif job.auth:
             headers.update(credential_headers(job.auth))
-        body = {"model": model, "messages": messages, "max_tokens": policy.summary_max_words * 2, "temperature": 0}
-        if forked and job.parent_tools:  # the same tools keep the cached prefix; none may be called
-            body["tools"], body["tool_choice"] = job.parent_tools, "none"
-        path = "/chat/completions"
-        if anthropic:  # the same request in Anthropic Messages: system text apart, the answer in content blocks
-            headers["anthropic-version"] = ANTHROPIC_VERSION
-            path = "/messages"
-        reserved = self.counter.count_messages(messages) + body["max_tokens"]
         if not self.budget.reserve(job.ref.tenant, reserved):
             raise BudgetExceeded()
         spent = reserved  # a call that ends without usage is charged its estimate
         try:
-            text, used = await self._send(job, upstream, base + path, headers, messages_body(body) if anthropic else body, anthropic)
+            text, used = await self._send(job, upstream, base + path, headers, body, read)
             spent = used or reserved
             return text
         finally:
             self.budget.settle(job.ref.tenant, reserved, spent)
 
-    async def _send(self, job: SummaryJob, upstream: Upstream, url: str, headers: dict, body: dict,
-                    anthropic: bool) -> tuple[str, int]:
+    async def _send(self, job: SummaryJob, upstream: Upstream, url: str, headers: dict, body: dict, read) -> tuple[str, int]:
         """The summary text and the tokens the upstream reported (prompt + completion)."""
         started = time.perf_counter()
         try:
@@ -301,20 +307,29 @@ class SummaryModel:
         self.metrics.summary_llm_seconds.observe(elapsed)
         try:
             data = orjson.loads(payload)
-            if anthropic:
-                data = chat_completion(data)
-            text = data["choices"][0]["message"]["content"] or ""
-        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+            text, usage = read(data)
+        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
             self.outcome(job, False, "error")
             raise SummaryFailed("bad_response") from None
-        usage = data.get("usage") or {}
-        prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
-        self.metrics.summary_input_tokens.inc(prompt)
-        self.metrics.summary_output_tokens.inc(completion)
-        self.metrics.summary_cache_read_tokens.inc((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
-        self.metrics.tokens_spent_overhead.labels("summary").inc(prompt + completion)
+        billed = read_usage(usage)  # every API's usage fields (policies/prices.py)
+        self.metrics.summary_input_tokens.inc(billed.prompt)
+        self.metrics.summary_output_tokens.inc(billed.output)
+        self.metrics.summary_cache_read_tokens.inc(billed.cached)
+        self.metrics.tokens_spent_overhead.labels("summary").inc(billed.prompt + billed.output)
         self.metrics.costs.call(body["model"], self.metrics.model_label(body["model"]), "summary", usage)
-        return text, prompt + completion
+        self.metrics.arm_billed(COMPACTED, body["model"], billed, "billed", job.policy.output_rate)
+        return text or "", billed.prompt + billed.output
+
+
+def chat_reply(data: dict) -> tuple[str, dict | None]:
+    """A chat completion's text and usage."""
+    return data["choices"][0]["message"]["content"] or "", data.get("usage")
+
+
+def messages_reply(data: dict) -> tuple[str, dict | None]:
+    """An Anthropic message's text and usage."""
+    text = "".join(b.get("text") or "" for b in data["content"] if isinstance(b, dict) and b.get("type") == "text")
+    return text, data.get("usage")
 
 
 def messages_body(chat: dict) -> dict:
@@ -335,17 +350,6 @@ def messages_body(chat: dict) -> dict:
     if system:
         body["system"] = system
     return body
-
-
-def chat_completion(message: dict) -> dict:
-    """An Anthropic message as the chat completion fields the summary call reads."""
-    text = "".join(b.get("text") or "" for b in message["content"] if isinstance(b, dict) and b.get("type") == "text")
-    usage = message.get("usage") or {}
-    read = usage.get("cache_read_input_tokens") or 0
-    prompt = (usage.get("input_tokens") or 0) + read + (usage.get("cache_creation_input_tokens") or 0)
-    return {"choices": [{"message": {"content": text}}],
-            "usage": {"prompt_tokens": prompt, "completion_tokens": usage.get("output_tokens") or 0,
-                      "prompt_tokens_details": {"cached_tokens": read}}}
 
 
 def _first_failure(group: BaseExceptionGroup) -> BaseException:

@@ -33,6 +33,7 @@ from gateway.messages import adapter as fmt
 from gateway.messages.chat_upstream import MessagesChatUpstream
 from gateway.pipeline.pipeline import StreamWatch, WirePipeline
 from gateway.http.errors import GatewayError, UpstreamErrorEvent, anthropic_error_type
+from gateway.messages.fork import FORMAT_HEADERS, summary_fork as messages_fork
 from gateway.http.gate import tenant_of
 from gateway.messages.recall import RECALL
 from gateway.messages.stream import MessageAssembler, answer_of, chat_usage, encode
@@ -94,6 +95,22 @@ class MessagesPipeline(WirePipeline):
 
     def watch(self) -> StreamWatch:
         return MessagesWatch()
+
+    def forker(self, request: web.Request):
+        """The Messages body the upstream received, forked (gateway/messages/fork.py), with the
+        request's version and beta headers and its query."""
+        headers = {h: v for h in FORMAT_HEADERS if (v := request.headers.get(h))}
+        query = request.query_string
+
+        def fork(turn: Turn, answer: dict):
+            if self.transport(turn.chat.model) is not self.upstream.for_model(turn.chat.model):
+                return None  # the view went as Chat Completions: no Messages prefix is cached
+            view = turn.view
+            tools = turn.chat.body.get("tools") if turn.recall_refused else view.tools
+            parent = turn.chat.body if view.messages is None else fmt.render_body(turn.chat, view.messages, tools)
+            return messages_fork(parent, answer, view.upstream_tokens, headers, query)
+
+        return fork
 
     def wire_count(self, turn: Turn) -> int | None:
         """The first upstream body re-read: its system blocks are one instruction, and consecutive

@@ -7,7 +7,9 @@ first call of a client's request), ``recall`` (the recall loop's further rounds)
 its cache (``policies.prices.read_usage``); prices come from ``policies.prices`` with the
 ``[models."x"]`` overrides.
 
-The direct counterfactual is the client's request sent as it came, with the provider's cache:
+The direct counterfactual is the client's request sent as it came, with the provider's cache
+(its rule from ``policies.prices.cache_rule``: the shortest cached prefix, the step, the TTL,
+and for a provider that bills writes, the part it did not read is written):
 a client's history is append-only, so the prefix the provider would have cached for it is the
 session's previous request, when this request's path extends that one's and it came within the
 cache's lifetime. It is kept per session in a bounded memo (per replica: a request answered by
@@ -22,20 +24,15 @@ from collections import OrderedDict
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from policies.prices import CacheUsage, Price, price_of, read_usage
+from policies.prices import OPENAI_CACHE, CacheRule, CacheUsage, Price, cache_rule, price_of, read_usage
 
 CALLERS = ("client", "recall", "summary")
-# The provider keeps a prefix 5-10 minutes after its last use (longer off-peak); the direct
-# client is given the generous end, so the saving is never overstated by an early expiry.
+# OpenAI keeps a prefix 5-10 minutes after its last use (longer off-peak): the direct client of a
+# model without a longer TTL is given the generous end, so the saving is never overstated by an
+# early expiry.
 DIRECT_CACHE_TTL_S = 600.0
-CACHE_MIN_TOKENS, CACHE_STEP = 1024, 128
 SESSION_MEMO = 50_000
 PRICE_MEMO = 1024  # model names are the client's: bounded
-
-
-def cacheable(tokens: int) -> int:
-    """The part of a `tokens`-long shared prefix a provider serves from its cache (OpenAI's rule)."""
-    return 0 if tokens < CACHE_MIN_TOKENS else tokens // CACHE_STEP * CACHE_STEP
 
 
 class Costs:
@@ -52,6 +49,7 @@ class Costs:
                            ["model"], registry=r)
         self._overrides = prices or {}
         self._prices: dict[str, Price | None] = {}
+        self._rules: dict[str, CacheRule] = {}
         self._last: OrderedDict[str, tuple[int, str, int, float]] = OrderedDict()
 
     def price(self, model: str) -> Price | None:
@@ -61,10 +59,19 @@ class Costs:
             self._prices[model] = price_of(model, self._overrides)
         return self._prices[model]
 
+    def rule(self, model: str) -> CacheRule:
+        """The model's cache rule (policies/prices.py); OpenAI's when nobody listed it."""
+        if model not in self._rules:
+            if len(self._rules) >= PRICE_MEMO:
+                self._rules.clear()
+            self._rules[model] = cache_rule(model, self.price(model)) or OPENAI_CACHE
+        return self._rules[model]
+
     def call(self, model: str, label: str, caller: str, usage) -> CacheUsage:
         """Count one upstream call's usage; returns it as billed."""
         billed = read_usage(usage)
-        for kind, n in (("cached", billed.cached), ("uncached", billed.uncached), ("cache_write", billed.cache_write)):
+        for kind, n in (("cached", billed.cached), ("uncached", billed.uncached),
+                        ("cache_write", billed.cache_write - billed.cache_write_1h), ("cache_write_1h", billed.cache_write_1h)):
             if n:
                 self.tokens.labels(label, caller, kind).inc(n)
         price = self.price(model)
@@ -79,17 +86,21 @@ class Costs:
         """What this request would have been billed sent direct; counted when the price is known.
         Without a session `cached` is what the provider reported (the request went as it came)."""
         now = time.monotonic() if now is None else now
+        rule = self.rule(model)
         if session_key is not None:
             previous = self._last.pop(session_key, None)
             if previous is not None:
                 length, last_id, tokens, seen = previous
-                if (now - seen <= DIRECT_CACHE_TTL_S and 0 < length <= len(ids) and ids[length - 1] == last_id):
-                    cached = min(cacheable(tokens), client_tokens)
+                if (now - seen <= max(DIRECT_CACHE_TTL_S, rule.ttl_s) and 0 < length <= len(ids) and ids[length - 1] == last_id):
+                    cached = min(rule.cacheable(tokens), client_tokens)
             if ids:
                 self._last[session_key] = (len(ids), ids[-1], client_tokens, now)
                 while len(self._last) > SESSION_MEMO:
                     self._last.popitem(last=False)
-        direct = CacheUsage(client_tokens - cached, cached, 0, output_tokens)
+        # A provider that bills writes bills the direct client's too: the cacheable part it did
+        # not read is written (the client's history is the next request's prefix).
+        written = max(0, rule.cacheable(client_tokens) - cached) if rule.write > 1.0 else 0
+        direct = CacheUsage(client_tokens - cached - written, cached, written, output_tokens)
         price = self.price(model)
         if price is not None:
             spent = price.cost(direct)

@@ -95,6 +95,28 @@ class Metrics:
                                 "[tenants.NAME] bypass), by route and reason (header, tenant).", ["route", "reason"], registry=r)
         # Billed tokens and money, by caller, and the direct counterfactual (gateway/ops/costs.py).
         self.costs = Costs(r, prices)
+        # The holdout (policies/holdout.py): the same figures per arm, holdout (sent as direct) or compacted.
+        self.arm_requests = Counter(p + "arm_requests_total", "Requests by holdout arm and status.", ["arm", "status"], registry=r)
+        self.arm_prompt_tokens = Counter(p + "arm_prompt_tokens_total", "Prompt tokens by arm: what the client sent "
+                                         "(side=client) and what went upstream (side=upstream, estimated).", ["arm", "side"], registry=r)
+        self.arm_billed_units = Counter(p + "arm_billed_units_total", "Every upstream call by arm, priced in uncached input "
+                                        "tokens by the model's cache rule (what=billed; summary calls count to compacted), and "
+                                        "the client's requests sent direct with the provider's cache (what=direct).", ["arm", "what"], registry=r)
+        self.arm_cost = Counter(p + "arm_cost_usd_total", "Billed and direct cost by arm, US dollars (models with a known price).",
+                                ["arm", "what"], registry=r)
+        self.arm_recall_calls = Counter(p + "arm_recall_calls_total", "Recall tool calls resolved by the gateway, by arm.", ["arm"], registry=r)
+        self.arm_rejections = Counter(p + "arm_context_rejections_total", "Requests refused 400 context_length_exceeded, by arm.",
+                                      ["arm"], registry=r)
+
+    def arm_billed(self, arm: str, model: str, billed, what: str = "billed", output_rate: float = 4.0) -> None:
+        """One request's (or summary call's) tokens, priced, into its arm's counters."""
+        rule = self.costs.rule(model)
+        self.arm_billed_units.labels(arm, what).inc(
+            billed.uncached + rule.read * billed.cached + rule.write * (billed.cache_write - billed.cache_write_1h)
+            + rule.write_1h * billed.cache_write_1h + output_rate * billed.output)
+        price = self.costs.price(model)
+        if price is not None:
+            self.arm_cost.labels(arm, what).inc(price.cost(billed))
 
     def model_label(self, model: str | None) -> str:
         if not model:

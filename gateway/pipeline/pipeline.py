@@ -20,6 +20,7 @@ import orjson
 from aiohttp import web
 
 from gateway.pipeline import offload
+from gateway.pipeline.fork import Forker
 from gateway.pipeline.adapter import RecallFormat
 from gateway.pipeline.bypass import BYPASS_HEADER, bypass_reason
 from gateway.pipeline.quota import StorageQuota
@@ -119,6 +120,10 @@ class WirePipeline:
     async def record(self, turn: Turn, tenant: str | None = None) -> None:
         await self.recorder.answer(turn)
 
+    def forker(self, request: web.Request) -> Forker | None:
+        """The format's cache fork of a turn's view for its summary call (None: that format
+        has none, and a summary reads the transcript instead)."""
+        return None
     # The format's answers for the recall loop (its recall.py): this pipeline is the loop's adapter.
     recall_format: RecallFormat
 
@@ -173,7 +178,8 @@ class WirePipeline:
     def turn(self, request: web.Request, chat, ref: SessionRef | None, timing: Timing, view: View, auth,
              bypass: str | None = None) -> Turn:
         turn = Turn(chat, ref, request[MODEL], timing, view, auth=auth, route=self.route, bypass=bypass,
-                    wire_count=self.wire_count, upstream=request.get(UPSTREAM_NAME, DEFAULT_UPSTREAM))
+                    wire_count=self.wire_count, upstream=request.get(UPSTREAM_NAME, DEFAULT_UPSTREAM),
+                    fork=self.forker(request))
         turn.headers["x-request-id"] = request.get(REQUEST_ID, "")
         if ref is not None:
             turn.receipt = new_receipt_id()

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from gateway.pipeline.fork import Forker
 from gateway.pipeline.request import ChatRequest
 from gateway.pipeline.views import View
 from gateway.http.errors import GatewayError, UpstreamTimeout
@@ -110,6 +111,7 @@ class Turn:
     failure: GatewayError | None = None  # a failure told inside an already-started stream
     route: str = ROUTE  # the API the client spoke: chat, responses, messages
     upstream: str = "default"  # the name of the upstream that served it (gateway/http/routing.py)
+    fork: Forker | None = None  # the format's cache fork of this view, for a summary call (pipeline/fork.py)
     receipt: str | None = None  # the receipt id the client was told (x-palimpsest-receipt)
     bypass: str | None = None  # why the request went untouched: "header" or "tenant" (None: it did not)
     direct: CacheUsage | None = None  # the request sent direct, as the provider would have billed it
@@ -209,6 +211,22 @@ class TurnRecorder:
             log.warning("keeping a receipt failed", extra={"fields": {"session": turn.ref.key, "error": type(exc).__name__}})
             self.metrics.store_write_errors.labels("receipt").inc()
 
+    def observe_arm(self, turn: Turn, direct: CacheUsage | None) -> None:
+        """The request in its holdout arm's figures (policies/holdout.py); sessions only."""
+        if turn.ref is None:
+            return
+        m, view, arm = self.metrics, turn.view, turn.view.arm
+        rate = getattr(view.policy, "output_rate", 4.0)
+        m.arm_requests.labels(arm, str(turn.status)).inc()
+        m.arm_prompt_tokens.labels(arm, "client").inc(view.client_tokens)
+        m.arm_prompt_tokens.labels(arm, "upstream").inc(view.upstream_tokens)
+        if turn.recall_calls:
+            m.arm_recall_calls.labels(arm).inc(turn.recall_calls)
+        if turn.billed is not None:
+            m.arm_billed(arm, turn.chat.model, turn.billed, "billed", rate)
+        if direct is not None:
+            m.arm_billed(arm, turn.chat.model, direct, "direct", rate)
+
     def observe(self, turn: Turn) -> None:
         m = self.metrics
         if turn.status == 200:
@@ -216,6 +234,7 @@ class TurnRecorder:
             turn.model_label = m.model_label(turn.chat.model)
         self.bill(turn)
         self.direct(turn)
+        self.observe_arm(turn, turn.direct)
         self.receipt(turn)
         elapsed = time.perf_counter() - turn.timing.started
         m.requests.labels(turn.route, turn.model_label, str(turn.status), turn.upstream).inc()

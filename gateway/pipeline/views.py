@@ -18,13 +18,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
-
-import orjson
 
 from gateway.pipeline.request import ChatRequest
 from gateway.pipeline.formats import recall_tools_for
 from gateway.pipeline.hidden import HiddenIndexes
+from gateway.pipeline.view import Projection, View, ViewNotes  # noqa: F401 (View: this module's result)
 from gateway.pipeline.standing import StandingRules
 from gateway.http.errors import ContextLengthExceeded
 from policies import (
@@ -46,82 +44,17 @@ from policies import (
     round_sizes,
     tailor,
 )
+from policies.cost import with_cache_rule
+from policies.holdout import HOLDOUT, arm as holdout_arm
+from policies.prices import CacheRule, cache_rule, price_of
 from policies.messages import tool_names_by_call_id
 from policies.rounds import split_rounds
 from store.records import Checkpoint, SessionRef, newest_on_path
 from store import call as store_call
 
 log = logging.getLogger("palimpsest.views")
+POLICY_MEMO = 1024
 
-
-
-@dataclass(slots=True)
-class View:
-    """What the upstream receives. messages None means: forward the client's bytes unchanged."""
-
-    messages: list[dict] | None = None
-    tools: list[dict] | None = None
-    recall_names: tuple[str, str] | None = None
-    client_tokens: int = 0
-    upstream_tokens: int = 0
-    checkpoint: str | None = None
-    hidden: frozenset[str] = frozenset()
-    budget: int = 0
-    window: int = 0
-    policy: object = None
-    raw_estimate: int = 0  # uncalibrated estimate of what goes upstream (calibration input)
-    truncated_tool_results: int = 0  # tool results cut head/tail in the outgoing copy
-    truncated_last_message: bool = False  # the newest user message was cut (policy opted in)
-    dropped: int = 0  # messages tailoring left out (a summary fork would not see them)
-    notes: "ViewNotes | None" = None  # what the plan decided and why, for the request's receipt
-    summary: str | None = None  # the checkpoint's summary, and its entities: session_search expands with them
-    entities: tuple[str, ...] = ()
-
-    def body(self, chat: ChatRequest) -> bytes:
-        if self.messages is None:
-            return chat.raw
-        body = dict(chat.body)
-        body["messages"] = self.messages
-        if self.tools is not None:
-            body["tools"] = self.tools
-        return orjson.dumps(body)
-
-
-@dataclass(slots=True)
-class ViewNotes:
-    """What the view plan decided, gathered where it is decided, for the request's receipt
-    (``gateway/ops/receipts.py``). ``origins`` maps each message object the view holds (by
-    ``id()``) to where it came from: ``(kind, event id, details)``, kind one of ``verbatim``,
-    ``placeholder``, ``truncated`` (a tool result cut head/tail by compaction) and ``cut`` (by
-    tailoring); the summary block and the instructions are told by their type and place."""
-
-    origins: dict[int, tuple[str, str | None, dict | None]]
-    checkpoint: Checkpoint | None = None
-    summarised: list[str] | None = None  # event ids before the checkpoint's boundary
-    events: list[PlanEvent] | None = None
-    state_only: bool = False  # a summary was due but not ready: deterministic state went instead
-    sync_wait: bool = False  # the request waited for a summary (over sync_compaction_ratio)
-    dropped: list[str] | None = None  # event ids tailoring left out
-    round_starts: list[int] | None = None  # the first message index of each API round on the path
-
-
-@dataclass(slots=True)
-class Projection:
-    messages: list[dict]
-    tools: list[dict] | None
-    recall_names: tuple[str, str] | None
-    tokens: int  # calibrated estimate of the whole prompt
-    hidden: frozenset[str]
-    checkpoint: Checkpoint | None
-    compacted: int
-    truncated: int
-    dropped: int = 0
-    raw_tokens: int = 0  # the same estimate before calibration (what calibration learns from)
-    truncated_tools: int = 0  # tool results cut by tailoring
-    truncated_last: bool = False
-    compacted_tokens: int = 0  # rounds before the compaction frontier (uncalibrated)
-    raw_tail_tokens: int = 0  # rounds from the frontier on
-    notes: ViewNotes | None = None
 
 
 class ViewBuilder:
@@ -137,11 +70,26 @@ class ViewBuilder:
         self._recall_costs: dict[tuple[str, str], int] = {}
         # By checkpoint: its hidden-context index and that index's tokens, and its entities.
         self.hidden = HiddenIndexes(counter)  # the hidden-context index per checkpoint (gateway/pipeline/hidden.py)
+        self._policies: dict[tuple[int, str], tuple[Policy, Policy]] = {}  # (policy, model) -> with its cache rule
 
     def policy_for(self, model: str, ref: SessionRef) -> Policy:
-        if not self.settings.policies:
-            return self.settings.policy
-        return resolve_policy(self.settings.policy, self.settings.policies, model, ref.session_id)
+        """The session's policy, its unset cost-model inputs taken from the model's cache rule."""
+        policy = self.settings.policy
+        if self.settings.policies:
+            policy = resolve_policy(policy, self.settings.policies, model, ref.session_id)
+        key = (id(policy), model)
+        found = self._policies.get(key)
+        if found is None or found[0] is not policy:
+            if len(self._policies) >= POLICY_MEMO:  # model names are the client's: bounded
+                self._policies.clear()
+            found = self._policies[key] = (policy, with_cache_rule(policy, self.cache_rule(model)))
+        return found[1]
+
+    def cache_rule(self, model: str) -> CacheRule | None:
+        """The provider's cache rule for `model` (policies/prices.py), rates from its price."""
+        configured = self.settings.models.get(model)
+        overrides = {model: configured.price_fields()} if configured is not None else None
+        return cache_rule(model, price_of(model, overrides))
 
     async def build(self, chat: ChatRequest, ref: SessionRef, auth: Mapping[str, str] | None = None):
         policy = self.policy_for(chat.model, ref)
@@ -155,7 +103,9 @@ class ViewBuilder:
         checkpoints = await store_call(self.checkpoints.list, ref.key)
         newest = newest_on_path(checkpoints, positions)
         view = View(client_tokens=client_tokens, upstream_tokens=client_tokens, budget=budget, policy=policy,
-                    window=window, raw_estimate=raw_estimate)
+                    window=window, raw_estimate=raw_estimate, arm=holdout_arm(ref.key, policy.holdout_share))
+        if view.arm == HOLDOUT:
+            return self._direct(chat, view)
         if newest is None and client_tokens <= min(policy.summary_trigger_ratio, policy.compact_trigger_ratio) * budget:
             return view  # short session: untouched, forwarded byte for byte
 
@@ -210,6 +160,39 @@ class ViewBuilder:
         if view.truncated_last_message:
             self.metrics.truncated_last_messages.inc()
         return view
+
+    def _direct(self, chat: ChatRequest, view: View) -> View:
+        """A holdout session's view: what a client sending direct gets. Untouched while it fits;
+        else the oldest rounds cut (tailoring), no summary, no compaction, no recall tools."""
+        if view.client_tokens <= view.budget:
+            return view
+        raw_budget = int(view.budget / self.calibration.factor(chat.model))
+        try:
+            messages, stats = tailor([*chat.instructions, *chat.history], raw_budget, self.counter,
+                                     fixed_tokens=self._tool_tokens(chat, chat.body.get("tools")),
+                                     truncate_last=view.policy.truncate_last_message)
+        except ContextOverflow as exc:
+            self._rejected(chat, view, exc.needed, view.policy.truncate_last_message)
+        self.metrics.tailoring_drops.labels("dropped").inc(stats.dropped_messages)
+        self.metrics.tailoring_drops.labels("truncated").inc(stats.truncated_messages)
+        view.messages, view.tools = messages, None
+        view.upstream_tokens = self.calibration.scale(chat.model, stats.tokens_after)
+        view.raw_estimate = stats.tokens_after
+        view.dropped = stats.dropped_messages
+        return view
+
+    def _rejected(self, chat: ChatRequest, view: View, needed: int, truncate_last: bool):
+        """400 context_length_exceeded with the numbers: nothing fits the window."""
+        self.metrics.context_rejections.inc()
+        self.metrics.arm_rejections.labels(view.arm).inc()
+        needed = self.calibration.scale(chat.model, needed)
+        raise ContextLengthExceeded(
+            f"This request needs at least {needed} prompt tokens after compaction, but model "
+            f"'{chat.model}' allows {view.budget} (window minus max_tokens and reserve). "
+            "Shorten the system prompt, tools or last message, or lower max_tokens"
+            + ("." if truncate_last else "; policy 'truncate_last_message' lets the gateway cut the last message."),
+            param="messages",
+        ) from None
 
     def refit(self, chat: ChatRequest, messages: list[dict], tools: list[dict] | None, budget: int) -> list[dict] | None:
         """`messages` fitted to `budget` again (the recall loop grows the view each round);
@@ -357,15 +340,7 @@ class ViewBuilder:
             messages, stats = tailor(projection.messages, raw_budget, self.counter, fixed_tokens=fixed,
                                      truncate_last=truncate_last)
         except ContextOverflow as exc:
-            self.metrics.context_rejections.inc()
-            needed = self.calibration.scale(chat.model, exc.needed)
-            raise ContextLengthExceeded(
-                f"This request needs at least {needed} prompt tokens after compaction, but model "
-                f"'{chat.model}' allows {budget} (window minus max_tokens and reserve). "
-                "Shorten the system prompt, tools or last message, or lower max_tokens"
-                + ("." if truncate_last else "; policy 'truncate_last_message' lets the gateway cut the last message."),
-                param="messages",
-            ) from None
+            self._rejected(chat, View(budget=budget), exc.needed, truncate_last)
         kept = {id(m) for m in messages}
         dropped_ids = {eid for eid, m in zip(chat.ids, chat.history) if id(m) not in kept}
         hidden = projection.hidden | dropped_ids

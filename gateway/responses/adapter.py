@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 
 from gateway.pipeline.request import ChatRequest, json_object
+from gateway.responses.cache_breakpoints import place_breakpoints
 from gateway.responses import shape
 from policies.conversation import opaque_identity, wire_items, with_wire
 
@@ -270,7 +271,7 @@ def render_input(messages: list[dict], parsed: set[int] = frozenset()) -> list[d
 def render_body(chat: ChatRequest, messages: list[dict], tools: list[dict] | None) -> dict:
     """The upstream body for a view: the client's body with ``input`` (and ``tools``) replaced."""
     body = dict(chat.body)
-    body["input"] = render_input(messages, {id(m) for m in (*chat.instructions, *chat.history)})
+    body["input"] = place_breakpoints(chat.model, render_input(messages, {id(m) for m in (*chat.instructions, *chat.history)}))
     body.pop("previous_response_id", None)  # the view carries the whole chain
     if tools is not None:
         body["tools"] = tools

@@ -31,6 +31,7 @@ from gateway.http.gate import tenant_of
 from gateway.http.upstream import response_headers
 from gateway.keys import REQUEST_ID, UPSTREAM_KEY
 from gateway.responses.chat_upstream import ChatUpstream
+from gateway.responses.fork import summary_fork as responses_fork
 from gateway.responses.recall import RECALL
 from gateway.responses.stream import TERMINAL, answer_of, chat_usage, encode
 from store import call as store_call
@@ -184,6 +185,19 @@ class ResponsesPipeline(WirePipeline):
 
     def render(self, turn: Turn) -> bytes:
         return orjson.dumps(fmt.render_body(turn.chat, turn.view.messages, turn.view.tools))
+
+    def forker(self, request: web.Request):
+        return self.summary_fork
+
+    def summary_fork(self, turn: Turn, answer: dict):
+        """The Responses body the upstream received, forked (gateway/responses/fork.py); none for
+        a model the view went to as Chat Completions."""
+        if self.transport(turn.chat.model) is not self.upstream.for_model(turn.chat.model):
+            return None
+        view = turn.view
+        tools = turn.chat.body.get("tools") if turn.recall_refused else view.tools
+        parent = turn.chat.body if view.messages is None else fmt.render_body(turn.chat, view.messages, tools)
+        return responses_fork(parent, answer, view.upstream_tokens)
 
     def watch(self) -> StreamWatch:
         return ResponsesWatch()

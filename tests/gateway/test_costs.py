@@ -12,7 +12,9 @@ import pytest
 from gateway.keys import LEDGER, METRICS, TURNS
 from simulator.workloads import TOOL_SPECS, synthetic_session
 from tests.support.agent import drive
-from gateway.ops.costs import cacheable
+from policies.prices import OPENAI_CACHE
+
+cacheable = OPENAI_CACHE.cacheable
 
 PRICED = {"fake-32k": {"context_window": 32_000, "input_price": 2.0, "cached_input_price": 0.2,
                        "output_price": 8.0}}

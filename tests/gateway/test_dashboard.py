@@ -27,7 +27,7 @@ DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "palimp
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
 # Label names a gateway may export: none of them carries a session, tenant or free-form string.
 BOUNDED_LABELS = {"route", "model", "status", "kind", "purpose", "pass", "mode", "reason", "tool", "outcome", "component", "le", "caller",
-                  "upstream"}  # upstream: the configured upstreams' names
+                  "upstream", "arm", "side", "what"}  # upstream: the configured upstreams' names
 PROMQL_KEYWORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring", "group_left", "group_right", "inf", "nan"}
 
 
@@ -196,6 +196,7 @@ async def test_label_sets_are_bounded(start_gateway, upstream):
             for label, value in sample.labels.items():
                 values.setdefault(label, set()).add(value)
     assert set(values) <= BOUNDED_LABELS, f"unexpected label names: {set(values) - BOUNDED_LABELS}"
+    assert values["arm"] <= {"holdout", "compacted"} and values["side"] <= {"client", "upstream"}
     # At most the cap of client-chosen names, the configured ones, "other" and "none".
     assert len(values["model"]) <= MODEL_LABEL_CAP + len(configured) + 2
     assert "other" in values["model"] and "fake-32k" in values["model"]
