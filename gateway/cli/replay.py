@@ -95,6 +95,9 @@ def load_requests(path: str) -> list[ReplayRequest]:
                 raise ValueError(f"{path}:{n}: 'session' must be a non-empty string")
             if not isinstance(body.get("model"), str):
                 raise ValueError(f"{path}:{n}: the body has no 'model'")
+            if body.get("previous_response_id"):
+                # The response it names lived in the recording gateway's store, not in the replay's.
+                raise ValueError(f"{path}:{n}: 'previous_response_id' is set: replay needs each request's full input")
             out.append(ReplayRequest(session, fmt, body))
     return out
 

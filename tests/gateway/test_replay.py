@@ -219,3 +219,7 @@ def test_the_command_prints_one_json_object_and_refuses_bad_input(tmp_path):
     refused = run("--from", str(bad))
     assert refused.returncode == 2 and "'format' has value 'grpc'" in refused.stderr
     assert run("--from", str(source), "--profiles", "cheap").returncode == 2
+    chained = _write(tmp_path / "chained.jsonl", [{"session": "x", "format": "responses", "model": "fake-8k",
+                                                   "input": "hi", "previous_response_id": "resp_1"}])
+    refused = run("--from", str(chained))
+    assert refused.returncode == 2 and "previous_response_id" in refused.stderr
