@@ -175,6 +175,9 @@ def start_palimpsest(work: Path, upstream: str, name: str = "palimpsest", source
         module, func = tomllib.loads((source / "pyproject.toml").read_text())["project"]["scripts"]["palimpsest"].split(":")
         cmd = [sys.executable, "-c", f"import sys; from {module} import {func}; sys.argv[0] = 'palimpsest'; sys.exit({func}())"]
         env, cwd = {"PYTHONPATH": str(source)}, source  # `-c` puts the working directory first on sys.path
+    # The load phase sends thousands of requests a minute from one tenant: no request-rate limit
+    # (an environment variable, which a baseline tree without [limits] ignores).
+    env = {**(env or {}), "PALIMPSEST_LIMITS__REQUESTS_PER_MINUTE": "0"}
     target.proc = spawn([*cmd, "serve", "--config", str(config)], work / f"{name}.log", env=env, cwd=cwd)
     with contextlib.suppress(Exception):
         from importlib.metadata import version

@@ -18,11 +18,13 @@ from aiohttp import web
 
 from gateway.ops.admin import setup_admin
 from gateway.chat.pipeline import ChatPipeline, handle_chat
+from gateway.pipeline.limits import TenantLimits
 from gateway.pipeline.quota import StorageQuota
 from gateway.http.errors import Unauthorized
 from gateway.http.middleware import error_middleware
 from gateway.http.body import body_middleware
-from gateway.http import edge
+from gateway.http import edge, gate
+from gateway.http.gate import open_route, tenant_route
 from gateway.http.identity import Identity
 from gateway.ops.logs import request_log_middleware
 from gateway.ops.metrics import Metrics
@@ -40,14 +42,14 @@ from gateway.messages.pipeline import MessagesPipeline
 from gateway.responses.compaction import Compactor
 from gateway.responses.pipeline import ResponsesPipeline
 from gateway.responses.stored import stored_response
-from store.response_ids import ResponseIds
 from gateway.jobs.summarizer import Summarizer
 from gateway.http.upstream import Upstream
 from gateway.pipeline.views import ViewBuilder
 from gateway.pipeline.windows import Windows
 from policies import Calibration, TokenCounter
-from store import call as store_call, close_stores, open_stores, sweep_expired
+from store import call as store_call, close_stores, open_response_ids, open_stores, sweep_expired
 from store.interfaces import LedgerStore, TurnLogStore
+from store.private import secure_tree
 from store.turns import TurnLog
 
 
@@ -64,11 +66,32 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ready"})
 
 
+log = logging.getLogger("palimpsest")
+
+
+def metrics_closed(settings: Settings) -> bool:
+    """With tenants and no metrics_token, /metrics answers 401 unless metrics_open says otherwise:
+    its figures name tenants, models and volumes."""
+    return bool(settings.tenants) and not settings.server.metrics_open
+
+
+def log_metrics_exposure(settings: Settings) -> None:
+    """One line at start when /metrics is open to anyone who can reach the port."""
+    if settings.server.metrics_token.get_secret_value() or metrics_closed(settings):
+        return
+    level = logging.WARNING if settings.tenants else logging.INFO
+    log.log(level, "/metrics is open to anyone who can reach this port: set server.metrics_token to require a token")
+
+
 async def metrics_endpoint(request: web.Request) -> web.Response:
-    token = request.app[SETTINGS].server.metrics_token.get_secret_value()
+    settings = request.app[SETTINGS]
+    token = settings.server.metrics_token.get_secret_value()
     given = request.headers.get("Authorization", "")
     if token and not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), f"Bearer {token}".encode()):
         raise Unauthorized("/metrics requires server.metrics_token (Authorization: Bearer <token>).")
+    if not token and metrics_closed(settings):
+        raise Unauthorized("/metrics is closed: tenants are configured and server.metrics_token is not set "
+                           "(or set server.metrics_open = true).")
     metrics = request.app[METRICS]
     ledger = request.app[LEDGER]
     metrics.store_bytes.labels("ledger").set(await store_call(ledger.volume_bytes))
@@ -115,20 +138,22 @@ def create_app(settings: Settings) -> web.Application:
         client_headers=tuple(settings.session.headers),
     )
     app.cleanup_ctx.append(_resources)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics_endpoint)
-    app.router.add_post("/v1/chat/completions", handle_chat)
-    app.router.add_post("/v1/responses", handle_responses)
-    app.router.add_post("/v1/responses/compact", handle_compact)
-    app.router.add_post("/v1/messages", handle_messages)
-    app.router.add_post("/v1/messages/count_tokens", handle_count_tokens)
-    app.router.add_route("GET", "/v1/responses/{response_id}", stored_response)
-    app.router.add_route("DELETE", "/v1/responses/{response_id}", stored_response)
-    app.router.add_route("GET", "/v1/responses/{response_id}/{tail:input_items}", stored_response)
-    app.router.add_get("/v1/palimpsest/receipts/{receipt_id}", client_receipt)  # the gateway's own: never forwarded
-    app.router.add_route("*", "/v1/{tail:.*}", passthrough)
+    # Every route passes a gate (gateway/http/gate.py): the tenant's, the operator's, or open.
+    app.router.add_get("/healthz", open_route(healthz))
+    app.router.add_get("/readyz", open_route(readyz))
+    app.router.add_get("/metrics", open_route(metrics_endpoint))  # its own token (server.metrics_token)
+    app.router.add_post("/v1/chat/completions", tenant_route(handle_chat))
+    app.router.add_post("/v1/responses", tenant_route(handle_responses))
+    app.router.add_post("/v1/responses/compact", tenant_route(handle_compact))
+    app.router.add_post("/v1/messages", tenant_route(handle_messages))
+    app.router.add_post("/v1/messages/count_tokens", tenant_route(handle_count_tokens))
+    app.router.add_route("GET", "/v1/responses/{response_id}", tenant_route(stored_response))
+    app.router.add_route("DELETE", "/v1/responses/{response_id}", tenant_route(stored_response))
+    app.router.add_route("GET", "/v1/responses/{response_id}/{tail:input_items}", tenant_route(stored_response))
+    app.router.add_get("/v1/palimpsest/receipts/{receipt_id}", tenant_route(client_receipt))  # the gateway's own: never forwarded
+    app.router.add_route("*", "/v1/{tail:.*}", tenant_route(passthrough))
     setup_admin(app)
+    gate.check(app)
     return app
 
 
@@ -147,6 +172,7 @@ def operator_keys(settings: Settings) -> list[str]:
 
 async def _resources(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
+    log_metrics_exposure(settings)
     upstream = Upstream(
         settings.upstream.base_url,
         settings.upstream.api_key.get_secret_value(),
@@ -193,21 +219,24 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                         max_rounds=settings.recall.max_rounds, metrics=metrics)
     quota = StorageQuota(ledger, settings.store.max_stored_mb,
                          {name: t.max_stored_mb for name, t in settings.tenant_table().items()})
+    limits = TenantLimits(settings.limits, settings.tenant_table())
     pipeline_parts = dict(settings=settings, upstream=upstream, ledger=ledger, identity=app[IDENTITY], metrics=metrics,
-                          views=views, recorder=recorder, quota=quota, loop=recall)
+                          views=views, recorder=recorder, quota=quota, loop=recall, limits=limits)
     app[PIPELINE] = ChatPipeline(**pipeline_parts)
-    response_ids = ResponseIds(settings.store.path)
+    response_ids = open_response_ids(settings.store, ledger)  # shared by replicas with store.url
+    if not settings.store.url:  # the embedded store: 0700/0600, an existing store's modes fixed (store/private.py)
+        secure_tree(settings.store.path)
     responses = ResponsesPipeline(
         **pipeline_parts, response_ids=response_ids,
         compactor=Compactor(ledger=ledger, checkpoints=checkpoints, summarizer=summarizer, views=views,
-                            secret=response_ids.secret()),
+                            secret=await store_call(response_ids.secret)),
     )
     app[RESPONSES] = responses
     messages = MessagesPipeline(**pipeline_parts)
     app[MESSAGES] = messages
     app[INDEXER] = indexer
     flusher = asyncio.create_task(_flush_answers(ledger, turns), name="ledger-flush")
-    retention = (asyncio.create_task(_retention(settings.store.retention_days, ledger, checkpoints, indexer, turns), name="retention")
+    retention = (asyncio.create_task(_retention(settings.store.retention_days, ledger, checkpoints, indexer, turns, response_ids), name="retention")
                  if settings.store.retention_days else None)
     try:
         yield
@@ -219,9 +248,9 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         await summarizer.close(settings.server.shutdown_timeout_s)
         await indexer.close()
         await upstream.close()
+        response_ids.close()
         close_stores(ledger, checkpoints)
         turns.close()
-        response_ids.close()
 
 
 def open_index(settings: Settings, upstream: Upstream | None):
@@ -255,12 +284,12 @@ def index_storage_options(recall) -> dict[str, str] | None:
     return options
 
 
-async def _retention(days: float, ledger, checkpoints, indexer, turns, every_s: float = 3600.0) -> None:
+async def _retention(days: float, ledger, checkpoints, indexer, turns, responses, every_s: float = 3600.0) -> None:
     """The retention TTL: hourly, delete sessions idle for more than `days` (store.__init__)."""
     while True:
         try:
             index = await indexer.opened()
-            await sweep_expired(days, ledger=ledger, checkpoints=checkpoints, index=index, turns=turns)
+            await sweep_expired(days, ledger=ledger, checkpoints=checkpoints, index=index, turns=turns, responses=responses)
         except Exception:
             logging.getLogger("palimpsest.store").exception("retention sweep failed")
         await asyncio.sleep(every_s)

@@ -33,7 +33,10 @@ class ServerSettings(_Section):
     host: str = Field("127.0.0.1", description="Interface to listen on.")
     port: int = Field(8787, ge=0, le=65535, description="TCP port (0 picks a free one).")
     admin_token: SecretStr = Field(SecretStr(""), description="Bearer token for /admin; empty turns the admin API off.")
-    metrics_token: SecretStr = Field(SecretStr(""), description="Bearer token /metrics requires; empty = /metrics is open.")
+    metrics_token: SecretStr = Field(SecretStr(""), description="Bearer token /metrics requires; empty = /metrics is open, "
+                                     "unless tenants are configured: then it answers 401 until a token is set or metrics_open = true.")
+    metrics_open: bool = Field(False, description="With tenants configured and no metrics_token: serve /metrics to anyone anyway "
+                               "(one warning at start says so). Its figures name tenants and models.")
     client_keys: Literal["auto", "required", "off"] = Field(
         "auto",
         description="Must /v1 clients present a key listed under [tenants] (401 otherwise)? 'auto': when any operator key is "
@@ -216,10 +219,24 @@ class SummarySettings(_Section):
     )
 
 
+class LimitSettings(_Section):
+    max_n: int = Field(16, ge=1, description="Largest `n` (choices per Chat Completions request) relayed on a tenant's behalf "
+                       "(400 above): n=100000 would be billed to the provider account 100000 times.")
+    max_output_tokens: int = Field(131_072, ge=1, description="Largest output-token request (Chat max_tokens / "
+                                   "max_completion_tokens, Responses max_output_tokens, Messages max_tokens; 400 above): "
+                                   "the largest outputs models offer today fit.")
+    requests_per_minute: float = Field(1200, ge=0, description="Requests per minute per tenant on the chat, Responses and "
+                                       "Messages routes, with a burst of one minute's worth (429 with Retry-After above); "
+                                       "0 = no limit.")
+
+
 class TenantSettings(_Section):
     key: SecretStr = Field(..., description="The tenant's client API key.")
     upstream_key: SecretStr = Field(SecretStr(""), description="Provider key used for this tenant instead of upstream.api_key.")
     max_stored_mb: float | None = Field(None, gt=0, description="Ledger storage quota for this tenant (default store.max_stored_mb).")
+    max_n: int | None = Field(None, ge=1, description="This tenant's limits.max_n.")
+    max_output_tokens: int | None = Field(None, ge=1, description="This tenant's limits.max_output_tokens.")
+    requests_per_minute: float | None = Field(None, ge=0, description="This tenant's limits.requests_per_minute.")
     bypass: bool = Field(False, description="Send this tenant's requests upstream untouched (still recorded), "
                          "as x-palimpsest-bypass: 1 does for one request.")
 
@@ -243,12 +260,13 @@ class Settings(BaseSettings):
     session: SessionSettings = SessionSettings()
     models: dict[str, ModelSettings] = Field(default_factory=dict)
     tenants: dict[str, SecretStr | TenantSettings] = Field(
-        default_factory=dict, description="Named tenants: name = client API key, or a table with key, upstream_key, max_stored_mb."
+        default_factory=dict, description="Named tenants: name = client API key, or a table with key, upstream_key, max_stored_mb, max_n, max_output_tokens, requests_per_minute."
     )
     policy: Policy = Policy()
     policies: list[PolicyOverride] = Field(default_factory=list)
     summary: SummarySettings = SummarySettings()
     recall: RecallSettings = RecallSettings()
+    limits: LimitSettings = LimitSettings()
     log: LogSettings = LogSettings()
 
     @classmethod
@@ -328,6 +346,7 @@ SECTION_HELP = {
     "policy": "The default compaction policy; [[policies]] below override it by model/session glob.",
     "summary": "The summary job queue.",
     "recall": "In-gateway recall (session_search / session_load).",
+    "limits": "What one tenant may ask of the provider account; [tenants.NAME] max_n, max_output_tokens and requests_per_minute override them.",
     "log": "Logging. Message text and credentials are never logged unless log.content = true.",
 }
 
@@ -378,11 +397,14 @@ def example_toml() -> str:
         "# of a hash of the key. Keys are compared in constant time and never logged.",
         "# [tenants]",
         '# acme = "sk-acme-..."',
-        "# A tenant of its own provider account, with a storage quota:",
+        "# A tenant of its own provider account, with a storage quota and its own limits ([limits]):",
         "# [tenants.beta]",
         '# key = "pk-beta-..."',
         '# upstream_key = "sk-provider-beta-..."',
         "# max_stored_mb = 500",
+        "# max_n = 4",
+        "# max_output_tokens = 32000",
+        "# requests_per_minute = 120",
         "# A tenant whose requests all go upstream untouched, still recorded (default false; the header",
         "# x-palimpsest-bypass: 1 asks the same for one request): a control group, or a client that",
         "# must see the provider exactly.",

@@ -185,6 +185,12 @@ class Policy(BaseModel):
         0.5, description="Share of extracted ids/paths/versions/emails a summary must keep verbatim to be accepted."
     )
     recall: bool = Field(True, description="Inject session_search/session_load when anything is hidden from the model.")
+    pinned_ratio: float = Field(
+        0.05, ge=0, le=0.5,
+        description="Share of the budget the pinned block of standing instructions may take (the user's rules for the "
+        "rest of the session and the instruction files agents inject, kept verbatim once a summary hides them); "
+        "over it the oldest rules are left to the summary. 0 turns pinning off.",
+    )
     truncate_last_message: bool = Field(
         False,
         description="Cut the newest user message head/tail when nothing else makes the request fit (a response header "

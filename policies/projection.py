@@ -8,6 +8,7 @@ keeps the client's messages for the ledger and builds the outgoing copy here.
 from __future__ import annotations
 
 from policies.extraction import format_exact_values
+from policies.fences import defuse
 
 SUMMARY_OPEN = "<session_summary>"
 SUMMARY_CLOSE = "</session_summary>"
@@ -22,13 +23,8 @@ _NO_SUMMARY = (
 )
 
 
-def _defuse(text: str) -> str:
-    # A summary quoting the closing tag would end the block early and let the rest read as
-    # fresh instructions.
-    return text.replace(SUMMARY_CLOSE, "</session_summary_>").replace(SUMMARY_OPEN, "<session_summary_>")
-
-
-def render_summary_block(summary: str | None, state: dict | None, common_values_limit: int = 40) -> str:
+def render_summary_block(summary: str | None, state: dict | None, common_values_limit: int = 40,
+                         rules: tuple[str, ...] | list[str] = ()) -> str:
     """The text block injected into the view; ``summary`` may be None (state only).
 
     The block rides on every request, so paths, dates, numbers and names (by the hundred in
@@ -37,10 +33,15 @@ def render_summary_block(summary: str | None, state: dict | None, common_values_
     """
     parts = [SUMMARY_OPEN, _INTRO if summary else _NO_SUMMARY]
     if summary and summary.strip():
-        parts.append(_defuse(summary.strip()))
+        parts.append(defuse(summary.strip()))  # a summary quoting a fence tag cannot end the block
     values = format_exact_values(state, common_values_limit)
     if values:
-        parts.append("Exact values from the earlier conversation (verbatim):\n" + _defuse(values))
+        parts.append("Exact values from the earlier conversation (verbatim):\n" + defuse(values))
+    if rules:
+        # Standing instructions over the pinned block's budget that this summary does not
+        # quote yet (it was written before they overflowed): quoted here, so none is lost.
+        parts.append("Standing instructions of the user the pinned block could not hold (verbatim):\n"
+                     + "\n".join(f"- {defuse(rule)}" for rule in rules))
     parts.append(SUMMARY_CLOSE)
     return "\n\n".join(parts)
 
@@ -49,6 +50,11 @@ class SummaryBlock(dict):
     """The message holding the summary block, as ``project_view`` made it. It is told apart by
     its type, never by its text: a client message that starts with ``<session_summary>`` is
     conversation like any other (tailoring may drop it), and a client cannot make one of these."""
+
+
+class PinnedBlock(SummaryBlock):
+    """The message holding the pinned standing instructions (``policies/pinned.py``): a gateway
+    block like the summary's, just before it, and kept by tailoring the same way."""
 
 
 def is_summary_block(message: dict) -> bool:
@@ -62,6 +68,7 @@ def project_view(
     tail: list[dict],
     summary_block: str | None,
     injection: str,
+    pinned_block: str | None = None,
 ) -> list[dict]:
     """``system_messages + tail`` with the summary block injected; inputs are left untouched.
 
@@ -69,14 +76,18 @@ def project_view(
     which stay byte-identical (like the client's tools), so a new checkpoint changes the prompt
     only from the block on. "user": a user message holding the block, placed before the tail's
     first user turn (or at the start of the tail), where it cannot fall between a tool call and
-    its results.
+    its results. ``pinned_block`` (the standing instructions) goes just before the summary block,
+    in the same role: it changes only when a rule does, the summary at every new checkpoint, so
+    the pinned block stays in the provider's cached prefix when the summary moves on.
     """
     if not summary_block:
         return [*system_messages, *tail]
+    if injection not in ("system", "user"):
+        raise ValueError(f"Policy 'injection' has value {injection!r}. Must be 'system' or 'user'.")
+    blocks = [SummaryBlock(role=injection, content=summary_block)]
+    if pinned_block:
+        blocks.insert(0, PinnedBlock(role=injection, content=pinned_block))
     if injection == "system":
-        return [*system_messages, SummaryBlock(role="system", content=summary_block), *tail]
-    if injection == "user":
-        at = next((i for i, m in enumerate(tail) if m.get("role") == "user"), 0)
-        block = SummaryBlock(role="user", content=summary_block)
-        return [*system_messages, *tail[:at], block, *tail[at:]]
-    raise ValueError(f"Policy 'injection' has value {injection!r}. Must be 'system' or 'user'.")
+        return [*system_messages, *blocks, *tail]
+    at = next((i for i, m in enumerate(tail) if m.get("role") == "user"), 0)
+    return [*system_messages, *tail[:at], *blocks, *tail[at:]]

@@ -12,6 +12,7 @@ import functools
 import re
 
 from policies.extraction import format_exact_values
+from policies.fences import defuse
 from policies.messages import call_arguments, call_name, content_text, tool_calls, tool_names_by_call_id
 from policies.policy import Policy
 from policies.rounds import split_rounds
@@ -64,15 +65,12 @@ _FENCE_NOTE = (
     "In the transcript each message starts with a [role] header at the start of a line; its "
     "further lines are indented."
 )
-# The fences of a summary request and of the gateway's own blocks, in any case and spacing: a
-# message quoting one must not close (or open) a fence, so its `<` is written as `&lt;`.
-_FENCE_TAG = re.compile(r"<(?=\s*/?\s*(?:transcript|previous_summary|exact_values_to_keep|session_summary)\b)", re.IGNORECASE)
 
 
 def _quoted(text: str) -> str:
     """One transcript entry: continuation lines indented (a message cannot begin a line that
     reads as another role's header), fence tags defused."""
-    return _FENCE_TAG.sub("&lt;", "\n  ".join(text.splitlines()))
+    return defuse("\n  ".join(text.splitlines()))
 
 
 @functools.lru_cache(maxsize=64)
@@ -194,12 +192,12 @@ def summary_prompt(policy: Policy) -> str:
 def _data_sections(previous_summary: str | None, state: dict) -> list[str]:
     sections = []
     if previous_summary and previous_summary.strip():
-        sections.append(f"<previous_summary>\n{_FENCE_TAG.sub('&lt;', previous_summary.strip())}\n</previous_summary>")
+        sections.append(f"<previous_summary>\n{defuse(previous_summary.strip())}\n</previous_summary>")
     # The rare kinds go in whole; bulk kinds (paths, dates...) are capped: a 700-word summary
     # cannot carry hundreds of them, and asking it to crowds out the new chunk's own values.
     values = format_exact_values(state, common_limit=SUMMARY_COMMON_VALUES)
     if values:
-        sections.append(f"<exact_values_to_keep>\n{values}\n</exact_values_to_keep>")
+        sections.append(f"<exact_values_to_keep>\n{defuse(values)}\n</exact_values_to_keep>")
     return sections
 
 

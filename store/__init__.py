@@ -88,6 +88,19 @@ def open_stores(store_settings) -> tuple[Any, Any]:
             DiskCheckpoints(store_settings.path, synchronous=store_settings.sync))
 
 
+def open_response_ids(store_settings, ledger) -> Any:
+    """The Responses id store: in the ledger's PostgreSQL database with ``store.url`` (shared by
+    replicas, on the ledger's pool), else the embedded SQLite file under ``store.path``."""
+    pool = getattr(ledger, "pool", None)
+    if getattr(store_settings, "url", None) and pool is not None:
+        from store.postgres_responses import PostgresResponseIds
+
+        return PostgresResponseIds(pool=pool)
+    from store.response_ids import ResponseIds
+
+    return ResponseIds(store_settings.path)
+
+
 def close_stores(ledger, checkpoints) -> None:
     checkpoints.close()
     ledger.close()
@@ -96,8 +109,10 @@ def close_stores(ledger, checkpoints) -> None:
         pool.close()
 
 
-async def delete_session(session_key: str, *, ledger, checkpoints, index=None, turns=None) -> dict[str, int]:
-    """Delete a session everywhere it is kept: ledger events, checkpoints, recall index.
+async def delete_session(session_key: str, *, ledger, checkpoints, index=None, turns=None,
+                         responses=None) -> dict[str, int]:
+    """Delete a session everywhere it is kept: ledger events, checkpoints, recall index, and
+    the Responses ids that name its answers (`responses`, a ``ResponseIdStore``).
 
     `index` is a `store.index.SearchIndex` or None (nothing indexed, or the index is not open;
     the recall index is a derived cache, so a table left behind is only wasted space, and
@@ -108,15 +123,18 @@ async def delete_session(session_key: str, *, ledger, checkpoints, index=None, t
         await index.drop_session(session_key)
     if turns is not None:  # the per-request facts the inspector shows (store.turns)
         turns.delete_session(session_key)
+    if responses is not None:
+        await call(responses.delete_session, session_key)
     return {"events": events, "checkpoints": checkpoints_deleted}
 
 
-async def sweep_expired(retention_days: float, *, ledger, checkpoints, index=None, turns=None, now: float | None = None) -> int:
+async def sweep_expired(retention_days: float, *, ledger, checkpoints, index=None, turns=None, responses=None,
+                        now: float | None = None) -> int:
     """Delete sessions not updated for `retention_days` (the retention TTL); returns how many."""
     cutoff = (time.time() if now is None else now) - retention_days * 86400
     keys = await call(ledger.expired, cutoff)
     for key in keys:
-        await delete_session(key, ledger=ledger, checkpoints=checkpoints, index=index, turns=turns)
+        await delete_session(key, ledger=ledger, checkpoints=checkpoints, index=index, turns=turns, responses=responses)
     if keys:
         log.info("retention sweep deleted sessions", extra={"fields": {"sessions": len(keys), "retention_days": retention_days}})
     return len(keys)

@@ -3,18 +3,29 @@
 A checkpoint covers a session's path up to its boundary event. The view of a request uses the
 newest checkpoint whose boundary lies on the request's own path, so a fork picks the newest
 checkpoint of its own branch and an edit before a boundary simply falls back to an older one.
+
+Checkpoints are JSON (``checkpoints-json/``, diskcache with a JSON-only disk), never pickle:
+anyone who could write a pickle into the store directory would run code in the gateway when it
+is read (diskcache's default serialisation, CVE-2025-69872). A store of the pickle format
+(``checkpoints/``) is converted once, when it opens (`store.checkpoints_migration`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import shutil
 import time
 from collections import OrderedDict
 from dataclasses import asdict
 from pathlib import Path
-import diskcache
 
+import diskcache
+from diskcache.core import MODE_PICKLE
+
+from store.checkpoints_migration import read_pickled
 from store.holders import holder_is_gone
+from store.private import private_dir
 from store.records import Checkpoint, newest_on_path
 
 MEMO_SESSIONS = 256  # sessions whose checkpoints stay decoded in memory (LRU); the rest are read back
@@ -23,6 +34,30 @@ MEMO_SESSIONS = 256  # sessions whose checkpoints stay decoded in memory (LRU); 
 # pages = 32 MB of cache and a 64 MB mmap per connection) would multiply with the threads.
 SQLITE_CACHE_PAGES = 1024  # 4 MB of page cache per connection
 SQLITE_MMAP_BYTES = 16 * 2**20
+
+
+DIRECTORY = "checkpoints-json"
+_CONVERTED = ("converted", "pickle")  # set once the pickle store's checkpoints are in this one
+log = logging.getLogger("palimpsest.store")
+
+
+class NotJSON(ValueError):
+    """A row of the checkpoint store that is not JSON (a pickle written into the directory)."""
+
+
+class JSONOnlyDisk(diskcache.JSONDisk):
+    """diskcache's JSONDisk that refuses to unpickle: JSONDisk writes only JSON, but it reads a
+    row through `Disk`, which would unpickle one written as a pickle by someone else."""
+
+    def get(self, key, raw):
+        if not raw:
+            raise NotJSON("a pickled key in the checkpoint store")
+        return super().get(key, raw)
+
+    def fetch(self, mode, filename, value, read):
+        if mode == MODE_PICKLE:
+            raise NotJSON("a pickled value in the checkpoint store")
+        return super().fetch(mode, filename, value, read)
 
 
 def _row(session_key: str, version: int) -> tuple:
@@ -37,10 +72,9 @@ class DiskCheckpoints:
     """diskcache-backed checkpoints with an in-memory copy per session (read on every request).
 
     Layout: one row per checkpoint, keyed ``("cp", session, version)``, and the session's count
-    under ``("cps", session)``, so an add writes one checkpoint whatever the session's history
-    (the previous layout rewrote the session's whole tuple on every add: bytes written grew
-    with each checkpoint). A store of the previous layout (``session -> tuple of dicts``) still
-    reads; a session's first add moves its tuple to rows.
+    under ``("cps", session)``, so an add writes one checkpoint whatever the session's history.
+    Keys and values are JSON; the pickle store of earlier versions (either of its layouts) is
+    converted when the store opens.
 
     The memo is only valid while this process is the store's one writer: that is the embedded
     deployment. Replicas share checkpoints through `store.postgres_checkpoints.PostgresCheckpoints`,
@@ -49,20 +83,38 @@ class DiskCheckpoints:
     blocking = False
 
     def __init__(self, path: str | Path, *, synchronous: str = "normal") -> None:
-        root = Path(path)
-        root.mkdir(parents=True, exist_ok=True)
+        root = private_dir(Path(path))
         self._cache = diskcache.Cache(
-            str(root / "checkpoints"), sqlite_synchronous=2 if synchronous == "full" else 1,
+            str(private_dir(root / DIRECTORY)), disk=JSONOnlyDisk, sqlite_synchronous=2 if synchronous == "full" else 1,
             size_limit=2**62, eviction_policy="none",
             sqlite_cache_size=SQLITE_CACHE_PAGES, sqlite_mmap_size=SQLITE_MMAP_BYTES,
         )
         self._memo: OrderedDict[str, tuple[Checkpoint, ...]] = OrderedDict()
+        self._convert(root / "checkpoints")
+
+    def _convert(self, old: Path) -> None:
+        """Move the pickle-format store of earlier versions (``checkpoints/``) into this one, in
+        one transaction, then delete it. A crash before the delete converts nothing twice: the
+        marker says the rows are here."""
+        if not (old / "cache.db").is_file():
+            return
+        with self._cache.transact():
+            if self._cache.get(_CONVERTED) is None:
+                sessions, refused = read_pickled(old)
+                for session_key, rows in sessions.items():
+                    for version, raw in enumerate(rows, 1):
+                        self._cache.set(_row(session_key, version), {**raw, "version": version})
+                    self._cache.set(_count(session_key), len(rows))
+                figures = {"sessions": len(sessions), "checkpoints": sum(map(len, sessions.values())), "refused": refused}
+                self._cache.set(_CONVERTED, figures)
+                log.warning("checkpoints converted from pickle to JSON", extra={"fields": figures})
+        shutil.rmtree(old)
 
     def add(self, session_key: str, *, boundary: str, summary: str, state: dict, covered_tokens: int,
             covered_events: int, model: str, mode: str, previous: str | None, summary_tokens: int,
             meta: dict | None = None) -> Checkpoint:
         with self._cache.transact():
-            count = self._migrated_count(session_key)
+            count = (self._get(_count(session_key)) or 0)
             version = count + 1
             cid = "cp_" + hashlib.blake2b(f"{session_key}|{boundary}|{version}".encode(), digest_size=8).hexdigest()
             cp = Checkpoint(cid, session_key, boundary, summary, state, covered_tokens, covered_events,
@@ -74,19 +126,6 @@ class DiskCheckpoints:
         self._remember(session_key, stored if stored is not None else self._load(session_key))
         return cp
 
-    def _migrated_count(self, session_key: str) -> int:
-        """The session's checkpoint count, its previous-layout tuple moved to rows first (in a transaction)."""
-        count = self._cache.get(_count(session_key))
-        if count is not None:
-            return count
-        legacy = self._cache.get(session_key, ())
-        for version, raw in enumerate(legacy, 1):
-            self._cache.set(_row(session_key, version), raw)
-        if legacy:
-            self._cache.set(_count(session_key), len(legacy))
-            self._cache.delete(session_key)
-        return len(legacy)
-
     def _remember(self, session_key: str, found: tuple[Checkpoint, ...]) -> tuple[Checkpoint, ...]:
         # Bounded (least recently used out): a memo of every session ever seen would grow forever.
         self._memo[session_key] = found
@@ -97,12 +136,16 @@ class DiskCheckpoints:
 
     def _load(self, session_key: str) -> tuple[Checkpoint, ...]:
         with self._cache.transact():
-            count = self._cache.get(_count(session_key))
-            if count is None:  # nothing added since the previous layout: its tuple, if any
-                raw = self._cache.get(session_key, ())
-            else:
-                raw = [self._cache.get(_row(session_key, version)) for version in range(1, count + 1)]
+            count = (self._get(_count(session_key)) or 0)
+            raw = [self._get(_row(session_key, version)) for version in range(1, count + 1)]
         return tuple(Checkpoint(**c) for c in raw if c is not None)
+
+    def _get(self, key: tuple):
+        try:
+            return self._cache.get(key)
+        except NotJSON:  # planted in the directory: never decoded, the checkpoint is skipped
+            log.warning("a checkpoint row is not JSON; skipped")
+            return None
 
     def list(self, session_key: str) -> list[Checkpoint]:
         found = self._memo.get(session_key)
@@ -115,14 +158,10 @@ class DiskCheckpoints:
     def delete_session(self, session_key: str) -> int:
         """Delete every checkpoint of the session; returns how many there were."""
         with self._cache.transact():
-            count = self._cache.get(_count(session_key))
-            if count is None:
-                count = len(self._cache.get(session_key, ()))
-            else:
-                for version in range(1, count + 1):
-                    self._cache.delete(_row(session_key, version))
-                self._cache.delete(_count(session_key))
-            self._cache.delete(session_key)
+            count = (self._get(_count(session_key)) or 0)
+            for version in range(1, count + 1):
+                self._cache.delete(_row(session_key, version))
+            self._cache.delete(_count(session_key))
         self._memo.pop(session_key, None)
         return count
 

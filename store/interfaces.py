@@ -1,7 +1,8 @@
 """The store interfaces the gateway depends on (see docs/architecture.md, "Stores").
 
 Each Protocol lists exactly the methods gateway code calls today on the embedded backends
-(``store.ledger.Ledger``, ``store.checkpoints.DiskCheckpoints``, ``store.index.SearchIndex``),
+(``store.ledger.Ledger``, ``store.checkpoints.DiskCheckpoints``, ``store.index.SearchIndex``,
+``store.response_ids.ResponseIds``),
 with the same signatures. A scale-out backend (e.g. a PostgreSQL ledger) implements the same
 methods; the composition root (``gateway/app.py``) is the only place that names a concrete
 class, and ``gateway/keys.py`` types the application keys against these Protocols.
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from store.records import Checkpoint
     from store.index import Hit, IndexedEvent
     from store.records import Event, PathSync, SessionRecord, SessionRef
+    from store.response_ids import RecordedResponse
     from store.turns import StoredReceipt, TurnBasis
 
 
@@ -219,3 +221,30 @@ class ReceiptStore(Protocol):
     def flush(self) -> None: ...
 
     def delete_session(self, session_key: str) -> int: ...
+
+
+class ResponseIdStore(Protocol):
+    """Which recorded answer a Responses API id names, per tenant (``store.response_ids``),
+    and the secret compaction items are sealed with. Shared by replicas with ``store.url``."""
+
+    def secret(self) -> bytes:
+        """The store's compaction-item secret (made by the first caller, the same for all)."""
+        ...
+
+    def remember(self, tenant: str, response_id: str, session_key: str, event_id: str) -> None:
+        """`response_id` names the answer `event_id` of `session_key` for `tenant` only."""
+        ...
+
+    def find(self, tenant: str, response_id: str) -> RecordedResponse | None:
+        """`tenant`'s recorded response of that id (another tenant's is never returned)."""
+        ...
+
+    def taken(self, response_id: str) -> bool:
+        """Whether any tenant has `response_id` recorded."""
+        ...
+
+    def forget(self, tenant: str, response_id: str) -> None: ...
+
+    def delete_session(self, session_key: str) -> int: ...
+
+    def close(self) -> None: ...

@@ -132,7 +132,27 @@ CREATE TABLE IF NOT EXISTS leases (
 );
 """
 
-PG_STEPS: list[tuple[int, str]] = [(1, _PG_V1)]
+# v2: Responses API ids per tenant and the compaction-item secret, shared by replicas
+# (store.postgres_responses; the embedded store keeps them in responses.sqlite3).
+_PG_V2 = """
+CREATE TABLE IF NOT EXISTS response_ids (
+    tenant      TEXT NOT NULL,
+    id          TEXT NOT NULL,
+    session_key TEXT NOT NULL,
+    event_id    TEXT NOT NULL,
+    created     DOUBLE PRECISION NOT NULL,
+    deleted     BOOLEAN NOT NULL DEFAULT false,
+    PRIMARY KEY (tenant, id)
+);
+CREATE INDEX IF NOT EXISTS response_ids_by_session ON response_ids (session_key);
+CREATE INDEX IF NOT EXISTS response_ids_by_id ON response_ids (id);
+CREATE TABLE IF NOT EXISTS secrets (
+    name  TEXT PRIMARY KEY,
+    value BYTEA NOT NULL
+);
+"""
+
+PG_STEPS: list[tuple[int, str]] = [(1, _PG_V1), (2, _PG_V2)]
 PG_VERSION = PG_STEPS[-1][0]
 _PG_MIGRATION_LOCK = 0x50A11  # advisory lock key: one replica migrates at a time
 

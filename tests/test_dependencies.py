@@ -11,9 +11,10 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parent.parent
-# The first releases with the fixes the adversarial review named (request smuggling and
-# decompression in aiohttp, recursion in orjson).
-FIXED = {"aiohttp": Version("3.13.3"), "orjson": Version("3.11.5")}
+# Dependencies with published advisories: their floors are the lock's releases (issue 26), so no
+# install admits a release with a fix the lock already has.
+FIXED = {"aiohttp": Version("3.14.5"), "orjson": Version("3.13.0"), "pyarrow": Version("26.0.1"),
+         "diskcache": Version("5.6.3"), "pytest": Version("9.2.0")}
 
 
 def requirements() -> dict[str, Requirement]:

@@ -71,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"palimpsest: {exc}", file=sys.stderr)
         return 2
+    # Every file the gateway and its libraries create in the store is private (store/private.py).
+    from store.private import UMASK
+
+    os.umask(UMASK)
     if args.command == "serve":
         return serve_forever(settings, host=args.host, port=args.port)
     if args.command == "reindex":
@@ -169,7 +173,7 @@ async def delete_session_cli(settings: Settings, wanted: str | None = None, *, k
     look like another tenant's key ("alice/f99..."): a SESSION that matches more than one
     session, as a key and as an id or as the id of several tenants, is refused."""
     from gateway.app import open_index
-    from store import close_stores, delete_session, open_stores
+    from store import close_stores, delete_session, open_response_ids, open_stores
     from store.turns import TurnLog
 
     if sum(x is not None for x in (wanted, key, session)) != 1 or (tenant is not None and session is None):
@@ -177,6 +181,7 @@ async def delete_session_cli(settings: Settings, wanted: str | None = None, *, k
         return 2
     ledger, checkpoints = open_stores(settings.store)
     turns = TurnLog(settings.store.path, synchronous=settings.store.sync)
+    responses = open_response_ids(settings.store, ledger)
     index = None
     try:
         if key is not None:
@@ -194,7 +199,8 @@ async def delete_session_cli(settings: Settings, wanted: str | None = None, *, k
             return 1
         matches = list(matches.values())
         index = await asyncio.to_thread(open_index, settings, None)
-        deleted = await delete_session(matches[0].key, ledger=ledger, checkpoints=checkpoints, index=index, turns=turns)
+        deleted = await delete_session(matches[0].key, ledger=ledger, checkpoints=checkpoints, index=index, turns=turns,
+                                       responses=responses)
         _forget_turns(settings, matches[0].key)
         print(f"deleted {matches[0].key}: {deleted['events']} events, {deleted['checkpoints']} checkpoints, index dropped")
         return 0
@@ -202,6 +208,7 @@ async def delete_session_cli(settings: Settings, wanted: str | None = None, *, k
         if index is not None:
             index.close()
         turns.close()
+        responses.close()
         close_stores(ledger, checkpoints)
 
 

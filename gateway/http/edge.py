@@ -11,7 +11,12 @@ reach on its own:
   request still passes through the application is the request factory: aiohttp builds a
   request object for it with the app's factory and prepares the plain-text response against
   that object. `GatewayRequest`'s prepare hook turns that response, and only that one (a request
-  no route ever matched), into the OpenAI envelope with a fitting status (431, 415, 400).
+  no route ever matched), into the envelope of the route the client asked for with a fitting
+  status (431, 415, 400): Anthropic's on ``/v1/messages...``, OpenAI's elsewhere
+  (``errors.route_format``). aiohttp builds that request object on a placeholder message whose
+  path is ``/``, so `GatewayProtocol` keeps the request target of the head its parser refused
+  (the last request line in the bytes that failed and the chunk before them); bytes with no
+  request line in them (TLS on the plain port, garbage) get OpenAI's.
 - **Body deadline.** aiohttp has no server-side body timeout: a client that sends its headers
   and then trickles its body, or stops, would hold the handler as long as it likes. A body read
   whole (``request.read()``, and so ``json()`` and ``text()``) must arrive within
@@ -29,11 +34,12 @@ reach on its own:
   handler, only a socket, until aiohttp's keep-alive timer closes it: ``server.keepalive_timeout_s``
   (75 s; aiohttp's default is 3630 s).
 
-`install` makes the app's factory build `GatewayRequest`s. This relies on private names of
-aiohttp (``Application._make_request``, ``Request._prepare_hook``, called after the headers are
-computed and before they are written, ``StreamResponse._set_status``, ``Request._read_bytes``,
-``Request._protocol`` and its ``_lingering_time``), stable since 3.0;
-tests/robustness/test_http_edges.py fails if they change.
+`install` makes the app's factory build `GatewayRequest`s and its server `GatewayProtocol`s.
+This relies on private names of aiohttp (``Application._make_request`` and ``_make_handler``,
+``Request._prepare_hook``, called after the headers are computed and before they are written,
+``StreamResponse._set_status``, ``Request._read_bytes``, ``Request._protocol`` and its
+``_lingering_time`` and ``_messages``), stable since 3.0; tests/robustness/test_http_edges.py
+fails if they change.
 """
 
 from __future__ import annotations
@@ -41,15 +47,48 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import re
 from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.http_parser import RawRequestMessage
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_server import Server
 
 from gateway.http.body import BodyLimits, read_bounded, too_slow
-from gateway.http.errors import error_body
+from gateway.http.errors import route_error_body
 from gateway.keys import SETTINGS
+
+# A request line as the parser reads it: a method token, the target, the version.
+REQUEST_LINE = re.compile(rb"(?:^|\n)[!#$%&'*+.^_`|~0-9A-Za-z-]{1,32} (\S{1,8190}) HTTP/\d\.\d\r?\n")
+KEEP_BYTES = 16_384  # of the chunk before: where a head that arrives in pieces started
+
+
+class GatewayProtocol(RequestHandler):
+    """aiohttp's protocol, keeping the request target of a request head its parser refused
+    (`refused_target`): the request object aiohttp then builds carries a placeholder path."""
+
+    __slots__ = ("_before", "refused_target")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._before = b""
+        self.refused_target: str | None = None
+
+    def data_received(self, data: bytes) -> None:
+        queued = len(self._messages)
+        super().data_received(data)
+        if len(self._messages) > queued and not isinstance(self._messages[-1][0], RawRequestMessage):
+            lines = REQUEST_LINE.findall(self._before + data)
+            self.refused_target = lines[-1].decode("latin-1") if lines else None
+        self._before = data[-KEEP_BYTES:]
+
+
+class GatewayServer(Server):
+    def __call__(self) -> RequestHandler:
+        return GatewayProtocol(self, loop=self._loop, **self._kwargs)
 
 
 class GatewayRequest(web.Request):
@@ -71,7 +110,9 @@ class GatewayRequest(web.Request):
     async def _prepare_hook(self, response: web.StreamResponse) -> None:
         if self._match_info is None and isinstance(response, web.Response) and response.status >= 400:
             status, code, message = classify(response.status, response.text or "")
-            body = error_body(message, "invalid_request_error" if status < 500 else "api_error", None, code)
+            target = getattr(self._protocol, "refused_target", None) or self.path
+            body = route_error_body(target, status, message, "invalid_request_error" if status < 500 else "api_error",
+                                    None, code)
             # Called between aiohttp computing the headers and writing them: set them as well.
             response._set_status(status, HTTPStatus(status).phrase)
             response.body = body
@@ -110,8 +151,17 @@ def handler_args(server: Any) -> dict[str, Any]:
 
 
 def install(app: web.Application) -> None:
-    """Have `app` build a `GatewayRequest` for every request, parser rejections included."""
+    """Have `app` build a `GatewayRequest` for every request, parser rejections included, on a
+    `GatewayProtocol` for every connection."""
     app._make_request = functools.partial(app._make_request, _cls=GatewayRequest)  # type: ignore[method-assign]
+    make_handler = app._make_handler
+
+    def _make_handler(**kwargs: Any) -> Server:
+        server = make_handler(**kwargs)
+        return GatewayServer(server.request_handler, request_factory=server.request_factory,
+                             handler_cancellation=server.handler_cancellation, loop=server._loop, **server._kwargs)
+
+    app._make_handler = _make_handler  # type: ignore[method-assign]
 
 
 def classify(status: int, text: str) -> tuple[int, str, str]:

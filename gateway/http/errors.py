@@ -19,10 +19,10 @@ Raised before the client's response started, an error becomes that response. Rai
 stream started, it is told as the stream's last event instead (``gateway.http.sse``).
 
 Requests aiohttp rejects before any handler runs (a header over its size limit, a request line
-that is not HTTP) never reach the middleware; ``gateway.http.protocol_errors`` gives them the
-same envelope.
+that is not HTTP) never reach the middleware; ``gateway.http.edge`` gives them the same envelope.
 
-On Anthropic's routes (``/v1/messages...``) the same errors take Anthropic's envelope,
+The route's format chooses the envelope (``route_format``, the one mapping from route to
+format): on Anthropic's routes (``/v1/messages...``) the same errors take Anthropic's envelope,
 ``{"type": "error", "error": {"type", "message"}}``, with its type names (``anthropic_error_type``).
 
 Upstream error responses are not GatewayErrors: they are relayed as they came (status, body
@@ -105,6 +105,19 @@ class StorageQuotaExceeded(GatewayError):
     code = "storage_quota_exceeded"
 
 
+class RateLimited(GatewayError):
+    """A tenant over its request rate (gateway/pipeline/limits.py); `retry_after` seconds until
+    its next request is admitted (the Retry-After header)."""
+
+    status = 429
+    type = "requests"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class UpstreamUnreachable(GatewayError):
     status = 502
     type = "upstream_error"
@@ -142,12 +155,6 @@ def error_body(message: str, type_: str, param: str | None = None, code: str | N
     return orjson.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
 
 
-def error_response(status: int, message: str, type_: str, param: str | None = None, code: str | None = None) -> web.Response:
-    from aiohttp import web
-
-    return web.Response(status=status, body=error_body(message, type_, param, code), content_type="application/json")
-
-
 # Anthropic's error types by status (https://docs.anthropic.com/en/api/errors).
 ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
                    403: "permission_error", 404: "not_found_error", 408: "timeout_error", 413: "request_too_large",
@@ -158,12 +165,43 @@ def anthropic_error_type(status: int) -> str:
     return ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
 
 
-def is_anthropic_route(path: str) -> bool:
-    return path == "/v1/messages" or path.startswith("/v1/messages/")
+# The wire format each route speaks: the one mapping from route to format. A route is its path
+# or anything under it (``/v1/messages/count_tokens``, ``/v1/messages/batches``); every other
+# route speaks OpenAI's. The middleware, the edge (parser rejections, which never reach a route)
+# and the upstream key header all ask `route_format`, so a route's errors come in its API's
+# envelope wherever they are made.
+ROUTE_FORMATS = {"/v1/chat/completions": "chat", "/v1/responses": "responses", "/v1/messages": "messages"}
+ANTHROPIC_FORMATS = frozenset({"messages"})  # formats that answer in Anthropic's envelope and read x-api-key
 
 
-def anthropic_error_response(status: int, message: str) -> web.Response:
+def route_format(path: str) -> str | None:
+    """The format of the route `path` (a query string is ignored), None for an OpenAI route
+    outside the three formats (``/v1/models``, ``/v1/embeddings``, ...)."""
+    path = path.split("?", 1)[0]
+    for route, name in ROUTE_FORMATS.items():
+        if path == route or path.startswith(route + "/"):
+            return name
+    return None
+
+
+def speaks_anthropic(path: str) -> bool:
+    return route_format(path) in ANTHROPIC_FORMATS
+
+
+def anthropic_error_body(status: int, message: str) -> bytes:
+    return orjson.dumps({"type": "error", "error": {"type": anthropic_error_type(status), "message": message}})
+
+
+def route_error_body(path: str, status: int, message: str, type_: str, param: str | None, code: str | None) -> bytes:
+    """The error in the envelope of the API the route `path` speaks."""
+    if speaks_anthropic(path):
+        return anthropic_error_body(status, message)
+    return error_body(message, type_, param, code)
+
+
+def route_error_response(path: str, status: int, message: str, type_: str, param: str | None = None,
+                         code: str | None = None) -> web.Response:
     from aiohttp import web
 
-    body = orjson.dumps({"type": "error", "error": {"type": anthropic_error_type(status), "message": message}})
-    return web.Response(status=status, body=body, content_type="application/json")
+    return web.Response(status=status, body=route_error_body(path, status, message, type_, param, code),
+                        content_type="application/json")

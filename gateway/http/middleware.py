@@ -1,5 +1,5 @@
-"""The one middleware that renders every error as the OpenAI envelope (see errors.py), or as
-Anthropic's on Anthropic's routes.
+"""The one middleware that renders every error in the envelope of the route's format (see
+errors.py ``route_format``): OpenAI's, or Anthropic's on Anthropic's routes.
 
 Only while nothing has been sent: once a handler has started its response, a second one
 cannot follow on the same connection (the client would wait for the rest of the first). The
@@ -14,8 +14,7 @@ import logging
 
 from aiohttp import web
 
-from gateway.http.errors import GatewayError, UpstreamTimeout, UpstreamUnreachable, anthropic_error_response, is_anthropic_route
-from gateway.http.errors import error_response as openai_error_response
+from gateway.http.errors import GatewayError, UpstreamTimeout, UpstreamUnreachable, route_error_response
 from gateway.keys import METRICS
 
 log = logging.getLogger("palimpsest.errors")
@@ -25,12 +24,8 @@ _HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 404: "inval
 
 @web.middleware
 async def error_middleware(request: web.Request, handler):
-    anthropic = is_anthropic_route(request.path)
-
     def error_response(status: int, message: str, type_: str, param: str | None, code: str | None) -> web.Response:
-        if anthropic:
-            return anthropic_error_response(status, message)
-        return openai_error_response(status, message, type_, param, code)
+        return route_error_response(request.path, status, message, type_, param, code)  # the route's envelope
 
     try:
         return await handler(request)
@@ -41,6 +36,8 @@ async def error_middleware(request: web.Request, handler):
             log.warning("error after the response started; closing the connection", extra={"fields": {"error": type(exc).__name__}})
             raise
         response = error_response(exc.status, exc.message, exc.type, exc.param, exc.code)
+        if getattr(exc, "retry_after", None) is not None:
+            response.headers["Retry-After"] = str(exc.retry_after)
         if exc.close_connection:
             response.force_close()
         return response

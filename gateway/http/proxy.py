@@ -29,7 +29,8 @@ from gateway.http.body import StreamedBody
 from gateway.http.errors import BadRequest, Forbidden, GatewayError, UpstreamTimeout
 from gateway.http.sse import end_with_error
 from gateway.http.upstream import response_headers
-from gateway.keys import IDENTITY, METRICS, OWNED, REQUEST_ID, SETTINGS, UPSTREAM, UPSTREAM_KEY
+from gateway.http.gate import tenant_of
+from gateway.keys import METRICS, OWNED, REQUEST_ID, SETTINGS, UPSTREAM, UPSTREAM_KEY
 
 ROUTE = "passthrough"
 
@@ -48,22 +49,30 @@ def passthrough_allowed(method: str, path: str, settings) -> bool:
     return any(m in ("*", method) and fnmatch.fnmatchcase(path, glob) for m, glob in rules)
 
 
+def refused(request: web.Request) -> Forbidden | None:
+    """The 403 for a route that would reach the operator's shared account, else None."""
+    if (request.app[UPSTREAM].uses_operator_key(request.get(UPSTREAM_KEY, "")) and not request.get(OWNED, False)
+            and not passthrough_allowed(request.method, request.path, request.app[SETTINGS])):
+        return Forbidden(
+            f"{request.method} {request.path} is not available through this gateway: it would use the operator's "
+            "provider account, shared by every tenant (server.passthrough_routes lists the routes allowed).",
+        )
+    return None
+
+
 def _rule(entry: str) -> tuple[str, str]:
     parts = entry.split(None, 1)
     return ("*", parts[0]) if len(parts) == 1 else (parts[0].upper(), parts[1].strip())
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
-    request.app[IDENTITY].tenant(request)  # 401 here for a missing/unknown client key
+    tenant_of(request)  # the gate resolved the tenant (a 401 for a missing/unknown client key)
     raw_path = safe_raw_path(request.rel_url.raw_path)
     upstream = request.app[UPSTREAM]
     tenant_key = request.get(UPSTREAM_KEY, "")
-    if (upstream.uses_operator_key(tenant_key) and not request.get(OWNED, False)
-            and not passthrough_allowed(request.method, request.path, request.app[SETTINGS])):
-        raise Forbidden(
-            f"{request.method} {request.path} is not available through this gateway: it would use the operator's "
-            "provider account, shared by every tenant (server.passthrough_routes lists the routes allowed).",
-        )
+    refusal = refused(request)
+    if refusal is not None:
+        raise refusal
     metrics = request.app[METRICS]
     started = time.perf_counter()
     waited = 0.0

@@ -21,7 +21,7 @@ import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from gateway.http.errors import UpstreamTimeout, UpstreamUnreachable
+from gateway.http.errors import UpstreamTimeout, UpstreamUnreachable, speaks_anthropic
 
 # RFC 9110 §7.6.1 hop-by-hop headers, plus the ones the transport recomputes.
 HOP_BY_HOP = frozenset(
@@ -110,7 +110,7 @@ class Upstream:
     def key_header(self, path: str) -> str:
         """Where the gateway's key goes: ``x-api-key`` on Anthropic's routes and for an
         Anthropic upstream (``upstream.format``), else ``Authorization: Bearer``."""
-        anthropic = self.format == "anthropic" or path == "/v1/messages" or path.startswith(("/v1/messages/", "/v1/messages?"))
+        anthropic = self.format == "anthropic" or speaks_anthropic(path)
         return "x-api-key" if anthropic else "Authorization"
 
     def request_headers(self, incoming: CIMultiDictProxy[str], drop: frozenset[str] = frozenset(), *,

@@ -43,6 +43,7 @@ from gateway.jobs.backoff import Breaker, SessionBackoff
 from gateway.jobs.pace import summary_due
 from gateway.settings import SummarySettings
 from gateway.jobs.budget import TenantBudget
+from gateway.jobs.checked import check as checked_checkpoint, covered_values
 from gateway.jobs.summary_model import (Auth, BudgetExceeded, SummaryFailed, SummaryJob, SummaryModel, SummaryRejected,
                                         fork_applies, fork_parent)
 from policies import Policy, TokenCounter, choose_boundary, chunk_messages, extract_exact_values, merge_state
@@ -55,6 +56,12 @@ log = logging.getLogger("palimpsest.summary")
 BREAKERS_TRACKED = 1000
 
 __all__ = ["Summarizer", "SummaryFailed", "SummaryJob", "SummaryRejected"]
+
+
+def state_summary(messages: list[dict], previous: str | None, state: dict, policy: Policy) -> str:
+    """The deterministic summary of `messages` on top of `previous`: notes read from every
+    message, seconds of CPU for a 10k-message delta, so the job runs it off the event loop."""
+    return render_state_summary(previous, extract_notes(messages), state, policy)
 
 
 class Summarizer:
@@ -328,6 +335,9 @@ class Summarizer:
             return None
         return start, start + cut, previous
 
+    def _tokens(self, messages: list[dict], ids: list[str]) -> int:
+        return sum(self.counter.count_message(m, k) for m, k in zip(messages, ids))
+
     def _beyond_fold(self, delta: list[dict], ids: list[str]) -> int:
         """How many of the delta's oldest messages exceed ``max_fold_tokens`` (0: it all fits)."""
         room = self.config.max_fold_tokens
@@ -362,10 +372,10 @@ class Summarizer:
         summary = previous.summary if previous else None
         model = policy.summary_model or job.model
         if not job.deterministic:
-            older = self._beyond_fold(delta, delta_ids)
+            older = await off_loop(self._beyond_fold, delta, delta_ids)
             if older:  # too much to fold with the model: the oldest part goes in as state only
                 part = delta[:older]
-                summary = render_state_summary(summary, extract_notes(part), await off_loop(extract_exact_values, part), policy)
+                summary = await off_loop(state_summary, part, summary, await off_loop(extract_exact_values, part), policy)
             try:
                 summary = await self.model.write(job, summary, delta[older:], state)
             except SummaryRejected:
@@ -376,11 +386,16 @@ class Summarizer:
                 self.metrics.summary_errors.labels("tenant_budget").inc()
                 job.fell_back = True
         if job.deterministic or job.fell_back:
-            summary = render_state_summary(previous.summary if previous else None, extract_notes(delta), delta_state, policy)
+            summary = await off_loop(state_summary, delta, previous.summary if previous else None, delta_state, policy)
             model = DETERMINISTIC_MODEL
-        covered_tokens = (previous.covered_tokens if previous else 0) + sum(
-            self.counter.count_message(m, k) for m, k in zip(delta, delta_ids)
-        )
+        checked = await checked_checkpoint(key=job.ref.key, covered=job.history[:end], summary=summary or "", state=state,
+                                           covered_state=covered_values(previous, delta_state),
+                                           previous_summary=previous.summary if previous else None,
+                                           policy=policy, budget=job.budget, counter=self.counter, metrics=self.metrics)
+        if checked is None:
+            return None  # refused: the old checkpoint stays
+        summary, state = checked
+        covered_tokens = (previous.covered_tokens if previous else 0) + await off_loop(self._tokens, delta, delta_ids)
         summary_tokens = self.counter.count_text(summary or "")
         cp = await store_call(
             self.checkpoints.add, job.ref.key, boundary=job.ids[end - 1], summary=summary or "", state=state, covered_tokens=covered_tokens,

@@ -37,63 +37,24 @@ import orjson
 
 from gateway.pipeline.request import ChatRequest, json_object
 from gateway.messages.cache_breakpoints import place_breakpoints
-from gateway.http.errors import BadRequest
+from gateway.messages import shape
 from policies.conversation import opaque_identity, wire_items, with_wire
 
 FORMAT = "messages"
-ROLES = ("user", "assistant", "system")
-
 
 def parse_messages_request(raw: bytes) -> ChatRequest:
-    """The request body as a ChatRequest in the neutral model (400 on what cannot be routed)."""
+    """The request body as a ChatRequest in the neutral model (a 400 naming the field on what
+    does not have the declared shape, ``gateway/messages/shape.py``)."""
     body = json_object(raw)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise BadRequest("model: Field required (a non-empty string).", param="model")
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise BadRequest("stream: Input should be a valid boolean.", param="stream")
-    max_tokens = body.get("max_tokens")
-    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0):
-        raise BadRequest("max_tokens: Input should be a non-negative integer.", param="max_tokens")
-    system = body.get("system")
-    if system is not None and not (isinstance(system, str) or (
-            isinstance(system, list) and all(isinstance(b, dict) and isinstance(b.get("text"), str) for b in system))):
-        raise BadRequest("system: Input should be a string or a list of text blocks.", param="system")
-    tools = body.get("tools")
-    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
-        raise BadRequest("tools: Input should be a list of objects.", param="tools")
-    messages = _checked_messages(body.get("messages"))
+    shape.STYLE.check(shape.REQUEST, body)
+    messages, system = body["messages"], body.get("system")
     instructions: list[dict] = []
     if system_text(system):
         # Counted as an instruction; rendered nowhere (it stays in the body's own field).
         instructions.append(with_wire({"role": "system", "content": system_text(system)}, FORMAT, []))
     more, history = to_neutral(messages[compaction_start(messages):])
-    return ChatRequest(raw, body, model, stream, instructions + more, history, max_tokens or 0, format=FORMAT)
-
-
-def _checked_messages(messages: Any) -> list[dict]:
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("messages: Field required (a non-empty list).", param="messages")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise BadRequest(f"messages.{i}: Input should be an object.", param=f"messages.{i}")
-        if message.get("role") not in ROLES:
-            raise BadRequest(f"messages.{i}.role: Input should be 'user', 'assistant' or 'system'.", param=f"messages.{i}.role")
-        content = message.get("content")
-        if not isinstance(content, (str, list)) or (isinstance(content, list) and not all(
-                isinstance(b, dict) and isinstance(b.get("type"), str) for b in content)):
-            raise BadRequest(f"messages.{i}.content: Input should be a string or a list of content blocks.",
-                             param=f"messages.{i}.content")
-        for j, block in enumerate(content if isinstance(content, list) else ()):
-            if block["type"] == "tool_result" and not isinstance(block.get("tool_use_id"), str):
-                raise BadRequest(f"messages.{i}.content.{j}.tool_use_id: Field required.", param=f"messages.{i}.content.{j}")
-            if block["type"] == "tool_use" and not (isinstance(block.get("id"), str) and isinstance(block.get("name"), str)):
-                raise BadRequest(f"messages.{i}.content.{j}: a tool_use block needs a string id and name.",
-                                 param=f"messages.{i}.content.{j}")
-    return messages
+    return ChatRequest(raw, body, body["model"], bool(body.get("stream")), instructions + more, history,
+                       body.get("max_tokens") or 0, format=FORMAT)
 
 
 def system_text(system: Any) -> str:

@@ -30,6 +30,7 @@ from gateway.pipeline.turn import Turn
 from gateway.messages import adapter as fmt
 from gateway.pipeline.pipeline import StreamWatch, WirePipeline
 from gateway.http.errors import GatewayError, UpstreamErrorEvent, anthropic_error_type
+from gateway.http.gate import tenant_of
 from gateway.messages.recall import RECALL
 from gateway.messages.stream import MessageAssembler, answer_of, chat_usage, encode
 from gateway.ops.readonly import NoMetrics, NoSummaries
@@ -109,7 +110,7 @@ class MessagesPipeline(WirePipeline):
 
     async def count_tokens(self, request: web.Request) -> web.Response:
         """``{"input_tokens": N}`` for the view the gateway would send for this body."""
-        tenant = self.identity.tenant(request)
+        tenant = tenant_of(request)  # resolved by the route's gate
         chat, ids = await self.parsed(await request.read())
         ref = self.identity.session(request, tenant, ids[0] if ids else None)
         chat.ids = ids

@@ -20,16 +20,16 @@ default configuration does not even reveal that the inspector exists.
 
 from __future__ import annotations
 
-import hmac
 from pathlib import Path
 from typing import AsyncIterator
 
 import orjson
 from aiohttp import web
 
-from gateway.http.errors import BadRequest, NotFound, Unauthorized
+from gateway.http.errors import BadRequest, NotFound
+from gateway.http.gate import open_route, operator_route
 from gateway.ops.inspection import Inspector, ViewInputs
-from gateway.keys import CHECKPOINTS, LEDGER, PIPELINE, RECEIPTS, SETTINGS, TURNS
+from gateway.keys import CHECKPOINTS, LEDGER, PIPELINE, RECEIPTS, RESPONSES, SETTINGS, TURNS
 from gateway.ops.receipts import receipt_response
 
 INSPECTOR: web.AppKey[Inspector] = web.AppKey("inspector", Inspector)
@@ -47,20 +47,21 @@ UI_POLICY = ("default-src 'none'; script-src 'self' 'unsafe-inline'; style-src '
 
 
 def setup_admin(app: web.Application) -> None:
-    """Register /admin routes; nothing is served while server.admin_token is empty."""
+    """Register /admin routes behind the operator's gate; nothing is served while
+    server.admin_token is empty."""
     if not app[SETTINGS].server.admin_token.get_secret_value():
-        app.router.add_route("*", "/admin", _off)
-        app.router.add_route("*", "/admin/{tail:.*}", _off)
+        app.router.add_route("*", "/admin", open_route(_off))
+        app.router.add_route("*", "/admin/{tail:.*}", open_route(_off))
         return
     app.cleanup_ctx.append(_inspector)
-    app.router.add_get("/admin/ui", ui_page)
-    app.router.add_get("/admin/static/{name}", static_file)
-    app.router.add_get("/admin/sessions", list_sessions)
-    app.router.add_get("/admin/sessions/{tenant}/{digest}", session_detail)
-    app.router.add_get("/admin/sessions/{tenant}/{digest}/view", session_view)
-    app.router.add_post("/admin/sessions/{tenant}/{digest}/view", session_view)
-    app.router.add_delete("/admin/sessions/{tenant}/{digest}", session_delete)
-    app.router.add_get("/admin/receipts/{receipt_id}", admin_receipt)
+    app.router.add_get("/admin/ui", open_route(ui_page))  # the page shell: it asks for the token
+    app.router.add_get("/admin/static/{name}", open_route(static_file))  # the page's script and style files
+    app.router.add_get("/admin/sessions", operator_route(list_sessions))
+    app.router.add_get("/admin/sessions/{tenant}/{digest}", operator_route(session_detail))
+    app.router.add_get("/admin/sessions/{tenant}/{digest}/view", operator_route(session_view))
+    app.router.add_post("/admin/sessions/{tenant}/{digest}/view", operator_route(session_view))
+    app.router.add_delete("/admin/sessions/{tenant}/{digest}", operator_route(session_delete))
+    app.router.add_get("/admin/receipts/{receipt_id}", operator_route(admin_receipt))
 
 
 async def _off(request: web.Request) -> web.Response:
@@ -75,11 +76,7 @@ async def _inspector(app: web.Application) -> AsyncIterator[None]:
 
 
 def _authorize(request: web.Request) -> Inspector:
-    expected = request.app[SETTINGS].server.admin_token.get_secret_value().encode()
-    header = request.headers.get("Authorization", "")
-    given = header[7:].strip() if header[:7].lower() == "bearer " else ""
-    if not given or not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected):  # undecodable bytes: a 401
-        raise Unauthorized("The admin API needs 'Authorization: Bearer <server.admin_token>'.")
+    """The inspector, for a request the operator's gate let through."""
     return request.app[INSPECTOR]
 
 
@@ -186,7 +183,8 @@ async def session_delete(request: web.Request) -> web.Response:
     inspector = _authorize(request)
     record = _record(request, inspector)
     index = await request.app[INDEXER].opened()
-    deleted = await delete_session(record.key, ledger=request.app[LEDGER], checkpoints=request.app[CHECKPOINTS], index=index)
+    deleted = await delete_session(record.key, ledger=request.app[LEDGER], checkpoints=request.app[CHECKPOINTS], index=index,
+                                   responses=request.app[RESPONSES].response_ids)
     request.app[TURNS].delete_session(record.key)
     return _json({"id": record.key, "object": "session.deleted", "deleted": True, **deleted})
 

@@ -21,9 +21,8 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-import orjson
 
-from gateway.chat.adapter import parse_chat_request
+from gateway.chat.adapter import chat_request
 from gateway.http.errors import BadRequest, NotFound
 from gateway.pipeline.views import ViewBuilder
 from gateway.ops.readonly import CheckpointsAsOf, NoMetrics, NoSummaries, RecordedWindows, SessionEvents
@@ -243,7 +242,10 @@ class Inspector:
             body["tools"] = inputs.tools
         if inputs.max_tokens:
             body["max_tokens"] = inputs.max_tokens
-        chat = parse_chat_request(orjson.dumps(body))
+        chat = chat_request(body)
+        # The path is history as the ledger holds it, each event with its id, whatever its role
+        # (the parser would take a system-role event for an instruction).
+        chat.instructions, chat.history = inputs.instructions(), [e.message for e in path]
         chat.ids = [e.id for e in path]
         windows = {b.model: b.window for b in recorded if b.window}  # the newest per model
         view = await self._builder(cutoff, windows).build(chat, SessionRef(record.tenant, record.session_id))

@@ -59,6 +59,11 @@ class Metrics:
         self.summary_created = Counter(p + "summary_checkpoints_created_total", "Checkpoints created.", ["mode"], registry=r)
         self.summary_errors = Counter(p + "summary_errors_total", "Summary jobs that failed.", ["reason"], registry=r)
         self.summary_invalid = Counter(p + "summary_invalid_format_total", "Summaries rejected by validation.", registry=r)
+        self.summary_checks = Counter(p + "summary_checks_total", "New checkpoints checked before replacing the old one: "
+                                      "passed, repaired or refused (the old one stays).", ["outcome"], registry=r)
+        self.summary_check_problems = Counter(p + "summary_check_problems_total", "What checked checkpoints lost or "
+                                              "invented: values, rules (standing instructions), invented (instructions "
+                                              "the user never gave).", ["problem"], registry=r)
         self.summary_seconds = Histogram(p + "summary_duration_seconds", "Summary job wall time.", ["mode"], buckets=LATENCY_BUCKETS, registry=r)
         self.summary_llm_seconds = Histogram(p + "summary_llm_duration_seconds", "Summary model call latency.", buckets=LATENCY_BUCKETS, registry=r)
         self.summary_input_tokens = Counter(p + "summary_input_tokens_total", "Prompt tokens of summary calls (upstream usage).", registry=r)

@@ -24,7 +24,8 @@ import orjson
 from aiohttp import web
 
 from gateway.http.errors import NotFound
-from gateway.keys import IDENTITY, RECEIPTS
+from gateway.http.gate import tenant_of
+from gateway.keys import RECEIPTS
 from gateway.recall.auto import OPEN as RECALLED_OPEN
 from policies import recall_note
 from policies.cost import cost_rates
@@ -297,7 +298,7 @@ def receipt_response(found: StoredReceipt | None, receipt_id: str) -> web.Respon
 
 async def client_receipt(request: web.Request) -> web.Response:
     """``GET /v1/palimpsest/receipts/{id}``: the receipt, for the tenant whose request it is."""
-    tenant = request.app[IDENTITY].tenant(request)  # 401 for a missing/unknown key where keys are required
+    tenant = tenant_of(request)  # the tenant gate: 401 for a missing/unknown key where keys are required
     receipt_id = request.match_info["receipt_id"]
     found = request.app[RECEIPTS].receipt(receipt_id)
     if found is not None and found.tenant != tenant:

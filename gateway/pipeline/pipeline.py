@@ -27,6 +27,7 @@ from gateway.pipeline.relay import DONE, upstream_events
 from gateway.pipeline.turn import Timing, Turn, TurnRecorder
 from gateway.pipeline.views import View, ViewBuilder
 from gateway.http.errors import GatewayError, UpstreamIncomplete
+from gateway.http.gate import tenant_of
 from gateway.http.identity import Identity
 from gateway.http.upstream import Upstream, response_headers
 from gateway.ops.receipts import RECEIPT_HEADER, new_receipt_id
@@ -58,7 +59,7 @@ class WirePipeline:
     credentials: tuple[str, ...] = ("Authorization", "api-key")
 
     def __init__(self, *, settings, upstream: Upstream, ledger, identity: Identity, metrics, views: ViewBuilder,
-                 recorder: TurnRecorder, quota=None, loop=None) -> None:
+                 recorder: TurnRecorder, quota=None, loop=None, limits=None) -> None:
         self.settings = settings
         self.upstream = upstream
         self.ledger = ledger
@@ -68,6 +69,7 @@ class WirePipeline:
         self.recorder = recorder
         self.quota = quota  # per-tenant storage quotas (gateway/pipeline/quota.py)
         self.loop = loop  # the recall loop (gateway/pipeline/recall_loop.py), one for every format
+        self.limits = limits  # per-tenant caps and request rate (gateway/pipeline/limits.py)
         self._drop = frozenset({settings.session.header.lower(), BYPASS_HEADER})
         self._bypass_tenants = frozenset(name for name, t in settings.tenant_table().items() if t.bypass)
 
@@ -180,8 +182,12 @@ class WirePipeline:
     async def start(self, request: web.Request):
         """(timing, tenant, chat, ids): the first steps of every request."""
         timing = Timing()
-        tenant = self.identity.tenant(request)  # 401 here for a missing/unknown client key
+        tenant = tenant_of(request)  # resolved by the route's gate (a 401 for a missing/unknown client key)
+        if self.limits is not None:
+            self.limits.admit(tenant)  # 429 over the tenant's rate, before the body is read
         chat, ids = await self.parsed(await request.read())
+        if self.limits is not None:
+            self.limits.check(tenant, chat.body, chat.format)  # 400 over its n / output-token caps
         request[MODEL] = self.metrics.model_label(chat.model)
         request[TENANT] = tenant
         return timing, tenant, chat, ids

@@ -24,6 +24,7 @@ import orjson
 
 from gateway.pipeline.request import ChatRequest
 from gateway.pipeline.formats import recall_tools_for
+from gateway.pipeline.standing import StandingRules
 from gateway.http.errors import ContextLengthExceeded
 from policies import (
     CheckpointMark,
@@ -128,6 +129,7 @@ class ViewBuilder:
         self.checkpoints = checkpoints
         self.metrics = metrics
         self.summarizer = summarizer
+        self.standing = StandingRules(counter)
         self._recall_costs: dict[tuple[str, str], int] = {}
 
     def policy_for(self, model: str, ref: SessionRef) -> Policy:
@@ -230,8 +232,10 @@ class ViewBuilder:
         fixed = self.counter.count_messages(chat.instructions) + self._tool_tokens(chat, chat.body.get("tools"))
         if names:
             fixed += self._recall_cost(names)
+        # A view with a summary also carries the pinned standing instructions, just before it.
+        pinned = self.standing.tokens(self.standing.rules(chat.history, chat.ids, policy, budget)) if on_path else 0
         marks = [CheckpointMark(pos, max(pos, positions.get((cp.meta or {}).get("after"), pos)),
-                                self._block_tokens(cp, policy.exact_values_limit), forced=cp.mode == "sync")
+                                self._block_tokens(cp, policy.exact_values_limit) + pinned, forced=cp.mode == "sync")
                  for cp, pos in on_path]
         index, frontier = plan_view(rounds, raw, compacted, fixed, marks, policy, budget, events)
         found = on_path[index] if index is not None else None
@@ -264,7 +268,17 @@ class ViewBuilder:
             # survive the tailoring that follows.
             end = choose_boundary(tail, self.counter, policy.for_budget(budget), keys=tail_ids) or 0
             state = merge_state(state, extract_exact_values(tail[:end]))
-        block = render_summary_block(summary, state, policy.exact_values_limit) if (checkpoint or state_only) else None
+        pinned = None
+        if checkpoint or state_only:
+            # Once a summary hides part of the path, the user's standing instructions ride
+            # verbatim in their own block; those over its budget are quoted in the summary block
+            # when the summary does not quote them itself.
+            rules = self.standing.rules(chat.history, chat.ids, policy, budget)
+            pinned = self.standing.block(rules)
+            unquoted = [r.text for r in rules.overflow if r.text not in (summary or "")] if rules else []
+            block = render_summary_block(summary, state, policy.exact_values_limit, unquoted)
+        else:
+            block = None
         # The frontier comes from the view plan (``_plan``), in message indexes of the path.
         compacted, stats = compact_tool_results(tail, tail_ids, policy, self.counter, load_tool=load_tool,
                                                 frontier_at=max(0, frontier + shift))
@@ -277,7 +291,7 @@ class ViewBuilder:
             tools = [*(tools or []), *recall_tools_for(chat.format, names)]
         else:
             names = None
-        messages = project_view(chat.instructions, compacted, block, policy.injection)
+        messages = project_view(chat.instructions, compacted, block, policy.injection, pinned)
         tokens = self.counter.count_messages(messages) + self._tool_tokens(chat, tools)
         return Projection(messages, tools, names, self.calibration.scale(chat.model, tokens), frozenset(hidden),
                           checkpoint, stats.replaced, stats.truncated, raw_tokens=tokens, compacted_tokens=stats.compacted_tokens,

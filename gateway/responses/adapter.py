@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from gateway.pipeline.request import ChatRequest, json_object
-from gateway.http.errors import BadRequest
+from gateway.responses import shape
 from policies.conversation import opaque_identity, wire_items, with_wire
 
 FORMAT = "responses"
@@ -37,25 +37,11 @@ CALL_ARGUMENT_FIELDS = ("arguments", "input", "action", "code")
 
 
 def parse_responses_request(raw: bytes) -> ChatRequest:
-    """The request body as a ChatRequest in the neutral model (400 on what cannot be routed)."""
+    """The request body as a ChatRequest in the neutral model (a 400 naming the field on what
+    does not have the declared shape, ``gateway/responses/shape.py``)."""
     body = json_object(raw)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise BadRequest("'model' must be a non-empty string.", param="model")
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise BadRequest("'stream' must be a boolean.", param="stream")
+    shape.STYLE.check(shape.REQUEST, body)
     instructions = body.get("instructions")
-    if instructions is not None and not isinstance(instructions, (str, list)):
-        raise BadRequest("'instructions' must be a string.", param="instructions")
-    tools = body.get("tools")
-    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
-        raise BadRequest("'tools' must be an array of objects.", param="tools")
-    max_out = body.get("max_output_tokens")
-    if max_out is not None and (not isinstance(max_out, int) or isinstance(max_out, bool) or max_out < 0):
-        raise BadRequest("'max_output_tokens' must be a non-negative integer.", param="max_output_tokens")
     items = input_items(body.get("input"))
     compact = bool(items) and items[-1].get("type") == "compaction_trigger"
     if compact:
@@ -65,35 +51,16 @@ def parse_responses_request(raw: bytes) -> ChatRequest:
         # Counted as an instruction; rendered nowhere (it stays in the body's own field).
         leading.append(with_wire({"role": "system", "content": instructions}, FORMAT, []))
     neutral_instructions, history = to_neutral(items)
-    return ChatRequest(raw, body, model, stream, leading + neutral_instructions, history, max_out or 0, format=FORMAT,
-                       compact=compact)
+    return ChatRequest(raw, body, body["model"], bool(body.get("stream")), leading + neutral_instructions, history,
+                       body.get("max_output_tokens") or 0, format=FORMAT, compact=compact)
 
 
 def input_items(value: Any) -> list[dict]:
-    """``input`` as a list of items: a string is one user message."""
+    """``input`` (checked: ``shape.INPUT``) as a list of items: a string is one user message."""
     if value is None:
         return []
     if isinstance(value, str):
         return [{"type": "message", "role": "user", "content": value}]
-    if not isinstance(value, list):
-        raise BadRequest("'input' must be a string or an array of input items.", param="input")
-    for i, item in enumerate(value):
-        if not isinstance(item, dict):
-            raise BadRequest(f"'input[{i}]' must be an object.", param=f"input[{i}]")
-        kind = item.get("type", "message")
-        if not isinstance(kind, str):
-            raise BadRequest(f"'input[{i}].type' must be a string.", param=f"input[{i}].type")
-        if kind == "message":
-            if item.get("role") not in ("user", "assistant", "system", "developer"):
-                raise BadRequest(f"'input[{i}].role' must be one of user, assistant, system, developer.",
-                                 param=f"input[{i}].role")
-            if not isinstance(item.get("content"), (str, list)):
-                raise BadRequest(f"'input[{i}].content' must be a string or an array of content parts.",
-                                 param=f"input[{i}].content")
-        elif is_output(item) and not isinstance(item.get("call_id"), str):
-            raise BadRequest(f"'input[{i}].call_id' must be a string.", param=f"input[{i}].call_id")
-        elif is_call(item) and not isinstance(item.get("name", ""), str):
-            raise BadRequest(f"'input[{i}].name' must be a string.", param=f"input[{i}].name")
     return value
 
 

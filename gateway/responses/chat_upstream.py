@@ -12,6 +12,7 @@ tools other than functions.
 
 from __future__ import annotations
 
+import secrets
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -119,8 +120,15 @@ def output_of(message: dict, base: str) -> list[dict]:
     return out
 
 
-def response_of(completion: dict, body: dict) -> dict:
-    base = str(completion.get("id") or "chat").removeprefix("chatcmpl-")
+def minted() -> str:
+    """A fresh base for the ids of one translated response (``resp_``, ``msg_``, ``fc_``): the
+    gateway mints them, so they are unique whatever the upstream's completion ids are (some
+    servers reuse one, or send none). Response ids are how tenants name what was recorded."""
+    return secrets.token_hex(12)
+
+
+def response_of(completion: dict, body: dict, base: str | None = None) -> dict:
+    base = base or minted()
     choice = (completion.get("choices") or [{}])[0]
     finish = choice.get("finish_reason")
     return {"id": f"resp_{base}", "object": "response", "created_at": completion.get("created") or int(time.time()),
@@ -160,9 +168,10 @@ class EventWriter:
         out = bytearray()
         if not self.opened:
             self.opened = True
-            self.base = str(data.get("id") or "chat").removeprefix("chatcmpl-")
+            self.base = minted()
             skeleton = {**response_of({"id": data.get("id"), "created": data.get("created"), "model": data.get("model"),
-                                       "choices": [{"message": {}}]}, self.body), "status": "in_progress", "output": [], "usage": None}
+                                       "choices": [{"message": {}}]}, self.body, self.base),
+                        "status": "in_progress", "output": [], "usage": None}
             out += self._event("response.created", response=skeleton)
             out += self._event("response.in_progress", response=skeleton)
         self.assembler.add(data)
@@ -203,7 +212,7 @@ class EventWriter:
         completion = {"id": self.assembler.id, "created": self.assembler.created, "model": self.assembler.model,
                       "usage": self.assembler.usage,
                       "choices": [{"message": message, "finish_reason": self.assembler.finish_reason}]}
-        response = response_of(completion, self.body)
+        response = response_of(completion, self.body, self.base)
         out = bytearray()
         for item in response["output"]:
             index = self.text_index if item["type"] == "message" else self.call_index.get(int(item["id"].rsplit("_", 1)[1]))

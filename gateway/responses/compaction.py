@@ -6,12 +6,17 @@ expects exactly one ``compaction`` output item; other clients call ``POST
 client then drops the history the item stands for and sends the item instead.
 
 The gateway answers both itself, whatever the upstream: the item's ``encrypted_content`` is an
-opaque reference (``pal1.<session key, event>.<mac>``) signed with a secret of this gateway,
-naming the session and the newest event it covers. When the item comes back in ``input`` it is
-expanded, for the tenant that owns the session only, into what it stands for: the summary
-block of the newest checkpoint on that path (the summary is written first if there is none yet,
-within ``sync_budget_s``; else the exact values stand in) and the model-side events after the
-checkpoint's boundary. Compaction items the provider made are opaque and pass through.
+opaque reference (``pal2.<nonce + ciphertext>``), the session key and the newest event it
+covers sealed with AES-GCM under a key derived from the store's secret (``ResponseIdStore.secret``:
+every replica on one store shares it). It reveals neither the tenant nor the session, and a
+changed byte makes it unreadable (then it is not this gateway's, and passes through). Items of
+the earlier signed-only form (``pal1.``) are still read, never issued. When the item comes back
+in ``input`` it is expanded, for the tenant that owns the session only, into what it stands for:
+the summary block of the newest checkpoint on that path (the summary is written first if there
+is none yet, within ``sync_budget_s``; else the exact values stand in) and the model-side
+events after the checkpoint's boundary. The summary block joins the request's instructions (a
+developer message after the client's own), never its history: the ledger keeps conversations,
+not the gateway's blocks. Compaction items the provider made are opaque and pass through.
 """
 
 from __future__ import annotations
@@ -24,14 +29,21 @@ import time
 
 import orjson
 from aiohttp import web
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from gateway.responses import adapter as fmt
 from gateway.responses.stream import encode
 from policies import extract_exact_values, render_summary_block
 from policies.conversation import wire_items, with_wire
 from store import call as store_call
+from store.canonical import is_instruction
 
-PREFIX = "pal1."
+PREFIX = "pal2."
+SIGNED = "pal1."  # the earlier form: readable session key, signed only (still accepted)
+_NONCE = 12
 
 
 class Compactor:
@@ -41,6 +53,7 @@ class Compactor:
         self.summarizer = summarizer
         self.views = views
         self.secret = secret or secrets.token_bytes(32)
+        self._aead = AESGCM(HKDF(hashes.SHA256(), 32, salt=None, info=b"palimpsest compaction item v2").derive(self.secret))
 
     # -- the reference -------------------------------------------------------------------------
 
@@ -48,23 +61,38 @@ class Compactor:
         return hmac.new(self.secret, payload, hashlib.sha256).hexdigest()[:32]
 
     def item_for(self, session_key: str, event_id: str) -> dict:
-        payload = base64.urlsafe_b64encode(orjson.dumps([session_key, event_id])).decode().rstrip("=")
+        nonce = secrets.token_bytes(_NONCE)
+        sealed = self._aead.encrypt(nonce, orjson.dumps([session_key, event_id]), PREFIX.encode())
         return {"type": "compaction", "id": "cmp_" + secrets.token_hex(12),
-                "encrypted_content": f"{PREFIX}{payload}.{self._mac(payload.encode())}"}
+                "encrypted_content": PREFIX + base64.urlsafe_b64encode(nonce + sealed).decode().rstrip("=")}
 
     def reference(self, item: dict) -> tuple[str, str] | None:
         """(session key, event id) of a compaction item this gateway made, else None."""
         content = item.get("encrypted_content")
-        if item.get("type") != "compaction" or not isinstance(content, str) or not content.startswith(PREFIX):
+        if item.get("type") != "compaction" or not isinstance(content, str):
             return None
-        payload, _, mac = content[len(PREFIX):].rpartition(".")
-        if not payload or not hmac.compare_digest(mac, self._mac(payload.encode())):
+        if content.startswith(PREFIX):
+            plain = self._open(content[len(PREFIX):])
+        elif content.startswith(SIGNED):
+            payload, _, mac = content[len(SIGNED):].rpartition(".")
+            ok = bool(payload) and hmac.compare_digest(mac.encode(), self._mac(payload.encode()).encode())
+            plain = _b64(payload) if ok else None
+        else:
             return None
         try:
-            key, event = orjson.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-        except (ValueError, orjson.JSONDecodeError, TypeError):
+            key, event = orjson.loads(plain) if plain is not None else (None, None)
+        except (orjson.JSONDecodeError, TypeError, ValueError):
             return None
         return (key, event) if isinstance(key, str) and isinstance(event, str) else None
+
+    def _open(self, text: str) -> bytes | None:
+        raw = _b64(text)
+        if raw is None or len(raw) <= _NONCE:
+            return None
+        try:
+            return self._aead.decrypt(raw[:_NONCE], raw[_NONCE:], PREFIX.encode())
+        except InvalidTag:
+            return None
 
     # -- a compaction item in the input --------------------------------------------------------
 
@@ -76,8 +104,8 @@ class Compactor:
 
     async def expand(self, chat, session_key: str) -> None:
         """Each of this gateway's compaction items in the history, for this session only, as the
-        summary block and model-side events it stands for. One of another session (or tenant)
-        is refused: ``LookupError``."""
+        summary block (an instruction) and the model-side events it stands for. One of another
+        session (or tenant) is refused: ``LookupError``."""
         out: list[dict] = []
         for message in chat.history:
             refs = self.refs(message)
@@ -87,10 +115,12 @@ class Compactor:
             key, event = refs[-1]
             if key != session_key:
                 raise LookupError("compaction item of another session")
-            out.extend(await self._stands_for(key, event))
+            blocks, tail = await self._stands_for(key, event)
+            chat.instructions.extend(blocks)
+            out.extend(tail)
         chat.history = out
 
-    async def _stands_for(self, key: str, event: str) -> list[dict]:
+    async def _stands_for(self, key: str, event: str) -> tuple[list[dict], list[dict]]:
         events = await store_call(self.ledger.path_to, key, event)
         positions = {e.id: i for i, e in enumerate(events)}
         found = await store_call(self.checkpoints.newest_on_path, key, positions)
@@ -104,7 +134,9 @@ class Compactor:
         summary = with_wire({"role": "system", "content": block}, fmt.FORMAT,
                             [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": block}]}])
         # The client kept its user messages itself; the rest of the covered history comes back.
-        return [summary, *(m for m in tail if m.get("role") != "user")]
+        # A summary block an earlier release kept in the ledger is an instruction, not history.
+        kept = [m for m in tail if is_instruction(m)]
+        return [*kept, summary], [m for m in tail if m.get("role") != "user" and not is_instruction(m)]
 
     # -- answering a trigger -------------------------------------------------------------------
 
@@ -144,3 +176,10 @@ class Compactor:
                 "output": [*kept, item],
                 "usage": {"input_tokens": 0, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 0,
                           "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 0}}
+
+
+def _b64(text: str) -> bytes | None:
+    try:
+        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (ValueError, UnicodeEncodeError):
+        return None

@@ -22,11 +22,12 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
-from gateway.pipeline.turn import Turn, clean_usage
+from gateway.pipeline.turn import Turn
 from gateway.responses import adapter as fmt
 from gateway.pipeline.pipeline import StreamWatch, WirePipeline
 from gateway.pipeline.views import View
-from gateway.http.errors import BadRequest, GatewayError, NotFound
+from gateway.http.errors import BadRequest, GatewayError
+from gateway.http.gate import tenant_of
 from gateway.http.upstream import response_headers
 from gateway.keys import REQUEST_ID, UPSTREAM_KEY
 from gateway.responses.chat_upstream import ChatUpstream
@@ -35,7 +36,7 @@ from gateway.responses.stream import TERMINAL, answer_of, chat_usage, encode
 from store import call as store_call
 from store.canonical import event_id, path_ids
 from store.records import SessionRef
-from store.response_ids import ResponseIds
+from store.interfaces import ResponseIdStore
 
 ROUTE = "responses"
 PATH = "/v1/responses"
@@ -59,7 +60,7 @@ class ResponsesPipeline(WirePipeline):
     path = PATH
     recall_format = RECALL
 
-    def __init__(self, *, response_ids: ResponseIds, compactor, **parts) -> None:
+    def __init__(self, *, response_ids: ResponseIdStore, compactor, **parts) -> None:
         super().__init__(**parts)
         self.response_ids = response_ids
         self.compactor = compactor  # gateway/responses/compaction.py
@@ -70,6 +71,27 @@ class ResponsesPipeline(WirePipeline):
     async def handle(self, request: web.Request) -> web.StreamResponse:
         timing, tenant, chat, ids = await self.start(request)
         bypass = self.bypass(request, tenant)
+        ref, ids, rewritten = await self.own_state(request, chat, tenant, ids, bypass=bool(bypass))
+        await self.admit(request, chat, ids, ref)
+        auth = self.auth(request)
+        if chat.compact and ref is not None and ids and not bypass:
+            await self.sync(request, chat, ids, ref)
+            item = await self._compact(chat, ref, auth)
+            return await self.compactor.answer_trigger(request, chat, item, {"x-request-id": request.get(REQUEST_ID, "")})
+        view = View() if bypass else await self.view(chat, ref, auth)
+        if rewritten and view.messages is None:
+            view.messages = [*chat.instructions, *chat.history]
+        await self.sync(request, chat, ids, ref)
+        return await self.serve(request, self.turn(request, chat, ref, timing, view, auth, bypass))
+
+    async def own_state(self, request: web.Request, chat, tenant: str, ids: list[str], *,
+                        bypass: bool = False) -> tuple[SessionRef | None, list[str], bool]:
+        """What of the gateway's state the request names, for its own tenant only: the one
+        ownership check ``POST /v1/responses`` and ``/v1/responses/compact`` share. A
+        ``previous_response_id`` the gateway recorded is rebuilt from the ledger (another tenant's
+        is refused as unknown), and this gateway's compaction items are expanded (another
+        session's or tenant's is refused). Returns (session, path ids, whether the history is no
+        longer the client's input as it came)."""
         ref, prefix = await self._continued(request, chat, tenant)
         if prefix:
             chat.history = [*prefix, *chat.history]
@@ -87,33 +109,24 @@ class ResponsesPipeline(WirePipeline):
             except LookupError:
                 raise BadRequest("The compaction item in 'input' was not made for this conversation.", param="input") from None
             ids = path_ids(chat.history)
-        await self.admit(request, chat, ids, ref)
-        auth = self.auth(request)
-        if chat.compact and ref is not None and ids and not bypass:
-            await self.sync(request, chat, ids, ref)
-            item = await self._compact(chat, ref, auth)
-            return await self.compactor.answer_trigger(request, chat, item, {"x-request-id": request.get(REQUEST_ID, "")})
-        view = View() if bypass else await self.view(chat, ref, auth)
-        if rewritten and view.messages is None:
-            view.messages = [*chat.instructions, *chat.history]
-        await self.sync(request, chat, ids, ref)
-        return await self.serve(request, self.turn(request, chat, ref, timing, view, auth, bypass))
+        return ref, ids, rewritten
 
     async def _continued(self, request: web.Request, chat, tenant: str) -> tuple[SessionRef | None, list[dict]]:
-        """A ``previous_response_id`` the gateway recorded: its session and the chain before it
-        (from the ledger). Another tenant's id is as unknown as a made-up one: passed through."""
+        """A ``previous_response_id`` the gateway recorded for this tenant: its session and the
+        chain before it (from the ledger). Ids are looked up per tenant: one recorded only for
+        another tenant is refused as not found, and so is any unknown one on the operator's key;
+        an unknown one on the client's own provider account is the provider's to answer."""
         previous = chat.body.get("previous_response_id")
         if not isinstance(previous, str) or not previous:
             return None, []
-        found = self.response_ids.find(previous)
+        found = await store_call(self.response_ids.find, tenant, previous)
         if found is None:
-            if self.upstream.uses_operator_key(request.get(UPSTREAM_KEY, "")):
-                # On the operator's account every tenant's stored responses meet: only ids the
-                # gateway knows to be this tenant's may be continued there.
+            # On the operator's account every tenant's stored responses meet: only ids the
+            # gateway knows to be this tenant's may be continued there.
+            if (self.upstream.uses_operator_key(request.get(UPSTREAM_KEY, ""))
+                    or await store_call(self.response_ids.taken, previous)):
                 raise self._not_found(previous)
             return None, []  # the client's own provider account: the provider decides
-        if found.tenant != tenant:
-            raise self._not_found(previous)
         if not found.event_id:
             return None, []  # relayed without a session: the provider holds the chain
         events = await store_call(self.ledger.path_to, found.session_key, found.event_id)
@@ -148,9 +161,12 @@ class ResponsesPipeline(WirePipeline):
 
     async def compact_route(self, request: web.Request) -> web.StreamResponse:
         """``POST /v1/responses/compact``: answered from the gateway's checkpoint for a request
-        with a session; without one, by the provider's own endpoint (it stores nothing)."""
+        with a session (or a ``previous_response_id`` the gateway recorded for this tenant);
+        otherwise by the provider's own endpoint (it stores nothing). Another tenant's response
+        id or compaction item is refused before anything is sent or stored, as on
+        ``/v1/responses``."""
         _, tenant, chat, ids = await self.start(request)
-        ref = self.identity.session(request, tenant, ids[0] if ids else None)
+        ref, ids, _ = await self.own_state(request, chat, tenant, ids)
         if ref is None or not ids:
             async with self.upstream.post(PATH + "/compact", request.headers, chat.raw, drop=self._drop,
                                           tenant_key=request.get(UPSTREAM_KEY, "")) as up:
@@ -200,23 +216,19 @@ class ResponsesPipeline(WirePipeline):
         try:
             if turn.ref is not None:
                 parent = turn.chat.ids[-1] if turn.chat.ids else None
-                self.response_ids.remember(response_id, turn.ref.key, event_id(parent, turn.answer))
+                await store_call(self.response_ids.remember, turn.ref.tenant, response_id, turn.ref.key,
+                                 event_id(parent, turn.answer))
             elif tenant:
-                self.response_ids.remember(response_id, f"{tenant}/", "")
+                await store_call(self.response_ids.remember, tenant, response_id, "", "")
         except Exception:
             self.metrics.store_write_errors.labels("response_id").inc()
 
     # -- GET / DELETE /v1/responses/{id} -----------------------------------------------------
 
-    def owned(self, request: web.Request, response_id: str):
-        """The recorded response `response_id` if the request's tenant owns it; NotFound when
-        another tenant does (as if it did not exist); None when the gateway never recorded it."""
-        found = self.response_ids.find(response_id)
-        if found is None:
-            return None
-        if found.tenant != self.identity.tenant(request):
-            raise NotFound(f"No response found with id '{response_id}'.", param="response_id")
-        return found
+    async def owned(self, request: web.Request, response_id: str):
+        """The recorded response `response_id` of the request's tenant, or None when the gateway
+        recorded none for this tenant (another tenant's id included: it is looked up per tenant)."""
+        return await store_call(self.response_ids.find, tenant_of(request), response_id)
 
 
 async def end_stream_with_error(response: web.StreamResponse, error: GatewayError) -> None:

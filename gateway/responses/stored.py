@@ -1,10 +1,12 @@
 """GET / DELETE /v1/responses/{id} (and ``/input_items``) for the responses the gateway recorded.
 
-A response the gateway answered is read from the ledger and answered only for the tenant that
-owns its session; another tenant gets the same 404 as for an id that never existed. Ids the
-gateway never recorded go on to the pass-through route (and its rules for the operator's key).
-A response relayed without a session is the provider's to answer, on its tenant's behalf only.
-A delete makes the id unknown from then on (``previous_response_id`` and reads refuse it); the
+Ids are looked up for the request's tenant (``store.response_ids``, keyed by tenant and id). A
+response the gateway answered is read from the ledger; an id recorded only for another tenant
+never goes upstream and gets the answer an id that never existed gets here (the pass-through's
+403 on the operator's key, else a 404). Ids the gateway never
+recorded go on to the pass-through route (and its rules for the operator's key). A response
+relayed without a session is the provider's to answer, on its tenant's behalf only. A delete
+makes the id unknown from then on (``previous_response_id`` and reads refuse it); the
 conversation's events stay in the ledger until the session itself is deleted.
 """
 
@@ -12,7 +14,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.http.proxy import passthrough
+from gateway.http.errors import NotFound
+from gateway.http.gate import tenant_of
+from gateway.http.proxy import passthrough, refused
 from gateway.keys import LEDGER, OWNED, RESPONSES
 from policies.conversation import wire_items
 from store import call as store_call
@@ -21,15 +25,18 @@ from store import call as store_call
 async def stored_response(request: web.Request) -> web.StreamResponse:
     pipeline = request.app[RESPONSES]
     response_id = request.match_info["response_id"]
-    found = pipeline.owned(request, response_id)
+    found = await pipeline.owned(request, response_id)
     if found is None:
+        if await store_call(pipeline.response_ids.taken, response_id):  # another tenant's: never upstream,
+            # and answered as an unknown id would be here (no hint that it exists)
+            raise refused(request) or NotFound(f"No response found with id '{response_id}'.", param="response_id")
         return await passthrough(request)
     if not found.event_id:  # relayed without a session: the provider holds it, for its tenant only
         request[OWNED] = True
         return await passthrough(request)
     ledger = request.app[LEDGER]
     if request.method == "DELETE":
-        pipeline.response_ids.forget(response_id)
+        await store_call(pipeline.response_ids.forget, tenant_of(request), response_id)
         return web.json_response({"id": response_id, "object": "response", "deleted": True})
     events = await store_call(ledger.path_to, found.session_key, found.event_id)
     if not events:

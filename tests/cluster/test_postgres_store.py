@@ -214,3 +214,31 @@ def test_path_to_walks_up_to_the_root(stores):
     assert [e.id for e in ledger.path_to(ref.key, ids[-1])] == ids
     assert [e.id for e in ledger.path_to(ref.key, other[-1])] == other
     assert ledger.path_to(ref.key, "ev_missing") == []
+
+
+@pytest.mark.parametrize("kind", ["embedded", "postgres"])
+def test_response_ids_are_per_tenant_and_replicas_share_them_and_the_secret(kind, tmp_path, request):
+    from store.interfaces import ResponseIdStore
+    from store.response_ids import ResponseIds
+
+    if kind == "postgres":
+        from store.postgres_responses import PostgresResponseIds
+
+        url = request.getfixturevalue("pg_url")
+        one, two = PostgresResponseIds(url), PostgresResponseIds(url)
+    else:
+        one = two = ResponseIds(tmp_path)
+    try:
+        assert isinstance(one, ResponseIdStore) and one.secret() == two.secret() and len(one.secret()) == 32
+        one.remember("alice", "resp_1", "alice/s", "ev_a")
+        two.remember("bob", "resp_1", "bob/s", "ev_b")  # the same id for another tenant takes nothing over
+        assert two.find("alice", "resp_1").event_id == "ev_a" and one.find("bob", "resp_1").event_id == "ev_b"
+        assert one.find("carol", "resp_1") is None and one.taken("resp_1") and not one.taken("resp_2")
+        one.remember("alice", "resp_1", "alice/s", "ev_a2")  # the same tenant again: the newest wins
+        assert two.find("alice", "resp_1").event_id == "ev_a2"
+        two.forget("alice", "resp_1")
+        assert one.find("alice", "resp_1") is None and one.find("bob", "resp_1") is not None
+        assert one.delete_session("bob/s") == 1 and not two.taken("resp_1")
+    finally:
+        one.close()
+        two.close() if two is not one else None

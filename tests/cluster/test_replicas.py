@@ -11,6 +11,7 @@ import re
 import aiohttp
 import openai
 import orjson
+import pytest
 
 from gateway.keys import CHECKPOINTS, INDEXER, LEDGER, PIPELINE
 
@@ -197,3 +198,60 @@ async def test_readiness_follows_the_database(start_gateway, shared_store, postg
             break
         await asyncio.sleep(0.2)
     assert await ready() == 200
+
+
+RESPONSES_MODELS = {"fake-32k": {"context_window": 32_000}}
+
+
+def responses_client(gw, key: str, session: str | None) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=gw.base_url, api_key=key, max_retries=0,
+                              default_headers={"X-Session-Id": session} if session else {})
+
+
+def responses_sent(upstream) -> list[dict]:
+    return [r["json"] for r in upstream.received if r["path"] == "/v1/responses" and r.get("json")
+            and not r["headers"].get("x-palimpsest-purpose")]
+
+
+async def test_a_responses_chain_alternates_between_replicas_without_affinity(start_gateway, shared_store, upstream):
+    tenants = {"tenants": {"alice": "pk-alice", "bob": "pk-bob"}, "models": RESPONSES_MODELS}
+    a, b = await replicas(start_gateway, shared_store, **tenants)
+    previous = None
+    for n, gw in enumerate([a, b, a, b]):  # each request on the other replica, no session header
+        chained = {"previous_response_id": previous} if previous else {}
+        response = await responses_client(gw, "pk-alice", None if n else "chain").responses.create(
+            model="fake-32k", input=f"step {n}: 77{n}1", store=False, **chained)
+        assert response.output_text.startswith("ok:")
+        body = responses_sent(upstream)[-1]
+        assert "previous_response_id" not in body  # the gateway sent the chain itself
+        assert all(f"77{k}1" in str(body["input"]) for k in range(n + 1)), n  # the whole chain, from the shared ledger
+        previous = response.id
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{a.base_url}/responses/{previous}/input_items", headers={"Authorization": "Bearer pk-alice"}) as r:
+            assert r.status == 200 and "7701" in await r.text()
+        async with http.get(f"{b.base_url}/responses/{previous}", headers={"Authorization": "Bearer pk-bob"}) as r:
+            assert r.status == 404  # per tenant on every replica
+        async with http.delete(f"{b.base_url}/responses/{previous}", headers={"Authorization": "Bearer pk-alice"}) as r:
+            assert (await r.json())["deleted"] is True
+    with pytest.raises(openai.BadRequestError):  # deleted through b: a no longer continues it
+        await responses_client(a, "pk-alice", None).responses.create(model="fake-32k", input="more", store=False,
+                                                                    previous_response_id=previous)
+
+
+async def test_a_compaction_item_made_on_one_replica_expands_on_the_other(start_gateway, shared_store, upstream):
+    a, b = await replicas(start_gateway, shared_store, models=RESPONSES_MODELS)
+    items = [{"type": "message", "role": "user", "content": "the release code is 5521"}]
+    first = await responses_client(a, "sk-test", "cmp").responses.create(model="fake-32k", input=items, store=False)
+    items += [i.model_dump(exclude_none=True) for i in first.output]
+    for maker, user in ((a, b), (b, a)):
+        trigger = await responses_client(maker, "sk-test", "cmp").responses.create(
+            model="fake-32k", input=[*items, {"type": "compaction_trigger"}], store=False)
+        compacted = await responses_client(maker, "sk-test", "cmp").responses.compact(model="fake-32k", input=items)
+        for item in (trigger.output[0].model_dump(exclude_none=True), compacted.output[-1].model_dump(exclude_none=True)):
+            assert item["type"] == "compaction"
+            follow = [items[0], item, {"type": "message", "role": "user", "content": "where were we?"}]
+            answer = await responses_client(user, "sk-test", "cmp").responses.create(model="fake-32k", input=follow, store=False)
+            assert answer.output_text.startswith("ok:")
+            body = responses_sent(upstream)[-1]
+            assert not any(i.get("type") == "compaction" for i in body["input"])  # expanded, not passed on
+            assert any("<session_summary>" in str(i.get("content")) for i in body["input"] if i.get("role") == "developer")

@@ -7,7 +7,7 @@ import aiohttp
 import openai
 import pytest
 
-from gateway.keys import LEDGER
+from gateway.keys import LEDGER, RESPONSES
 from simulator.puppet import RECEIVED
 from tests.gateway.test_responses import gateway_config, responses_bodies
 from tests.support.agent import RESPONSES_TOOLS
@@ -91,8 +91,13 @@ async def test_on_the_operators_key_a_relayed_response_stays_its_tenants(start_g
     assert len(responses_bodies(upstream)) == sent  # refused before anything went up
     async with aiohttp.ClientSession() as http:
         url = f"{gw.base_url}/responses/{first.id}"
+        # Bob gets what an id nobody recorded gets on the operator's key (no hint that it exists).
+        received = len(upstream.app[RECEIVED])
         async with http.get(url, headers={"Authorization": "Bearer pk-bob"}) as response:
-            assert response.status == 404
+            theirs = (response.status, (await response.json())["error"]["code"])
+        async with http.get(f"{gw.base_url}/responses/resp_guessed", headers={"Authorization": "Bearer pk-bob"}) as response:
+            assert theirs == (response.status, (await response.json())["error"]["code"]) == (403, "route_not_allowed")
+        assert len(upstream.app[RECEIVED]) == received
         async with http.get(url, headers={"Authorization": "Bearer pk-alice"}) as response:
             assert response.status == 200  # the provider's copy, for its owner
     second = await alice.responses.create(model="fake-32k", previous_response_id=first.id, input="continue")
@@ -109,3 +114,79 @@ async def test_a_responses_request_refused_for_the_window_stores_nothing(start_g
     assert refused.value.code == "context_length_exceeded"
     assert responses_bodies(upstream) == []
     assert not [s for s in gw.app[LEDGER].sessions() if s.session_id == "too-big" and s.events]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("api", ["responses", "chat"])
+async def test_a_reused_upstream_id_never_takes_over_another_tenants_response(start_gateway, upstream, api, stream):
+    """The provider hands out the same ids again (here: the simulator's id counter starts over).
+    On a Responses upstream both tenants get that id, and each keeps its own response; on a
+    chat-only upstream the gateway mints the ids, so they differ."""
+    gw = await start_gateway(models={"fake-32k": {"context_window": 32_000, "api": api}}, tenants=TENANTS,
+                             server={"client_keys": "required"})
+    alice, bob = client(gw, "pk-alice", session="a"), client(gw, "pk-bob", session="b")
+
+    async def create(sdk, **kw):
+        if not stream:
+            return await sdk.responses.create(model="fake-32k", store=False, **kw)
+        async with sdk.responses.stream(model="fake-32k", store=False, **kw) as events:
+            return await events.get_final_response()
+
+    counter = upstream.state.counter
+    first = await create(alice, input="alice's plan: 7731")
+    upstream.state.counter = counter  # the upstream starts its ids over
+    theirs = await create(bob, input="bob's plan: 4242")
+    assert (first.id == theirs.id) == (api == "responses")
+    async with aiohttp.ClientSession() as http:
+        for key, response_id, mine, other in (("pk-alice", first.id, "7731", "4242"), ("pk-bob", theirs.id, "4242", "7731")):
+            async with http.get(f"{gw.base_url}/responses/{response_id}/input_items",
+                                headers={"Authorization": f"Bearer {key}"}) as got:
+                assert got.status == 200
+                text = await got.text()
+                assert mine in text and other not in text
+    for sdk, response_id, mine, other in ((alice, first.id, "7731", "4242"), (bob, theirs.id, "4242", "7731")):
+        follow = await create(sdk, previous_response_id=response_id, input="and then?")
+        assert follow.output_text.startswith("ok:")
+        sent = str(upstream.app[RECEIVED][-1]["json"])
+        assert mine in sent and other not in sent  # each chain rebuilt from its own tenant's ledger
+
+
+async def test_response_ids_recorded_before_they_were_kept_per_tenant_still_resolve(tmp_path):
+    """The first layout of responses.sqlite3 keyed ids alone; opening it moves them over."""
+    import sqlite3
+
+    from store.response_ids import ResponseIds
+
+    db = sqlite3.connect(tmp_path / "responses.sqlite3")
+    db.execute("CREATE TABLE responses (id TEXT PRIMARY KEY, session_key TEXT NOT NULL, event_id TEXT NOT NULL, "
+               "created REAL NOT NULL, deleted INTEGER NOT NULL DEFAULT 0)")
+    db.executemany("INSERT INTO responses VALUES (?, ?, ?, ?, ?)", [
+        ("resp_1", "alice/s1", "ev_1", 1.0, 0), ("resp_2", "bob/", "", 2.0, 0), ("resp_3", "alice/s1", "ev_3", 3.0, 1)])
+    db.commit()
+    db.close()
+    ids = ResponseIds(tmp_path)
+    try:
+        assert ids.find("alice", "resp_1").session_key == "alice/s1" and ids.find("alice", "resp_1").event_id == "ev_1"
+        assert ids.find("bob", "resp_1") is None and ids.taken("resp_1")
+        assert ids.find("bob", "resp_2").session_key == "" and ids.find("alice", "resp_2") is None
+        assert ids.find("alice", "resp_3") is None  # deleted stays deleted
+        ids.remember("bob", "resp_1", "bob/s9", "ev_9")  # bob's own resp_1 leaves alice's alone
+        assert ids.find("alice", "resp_1").event_id == "ev_1" and ids.find("bob", "resp_1").event_id == "ev_9"
+    finally:
+        ids.close()
+    reopened = ResponseIds(tmp_path)  # opening again migrates nothing twice
+    assert reopened.find("alice", "resp_1").event_id == "ev_1"
+    reopened.close()
+
+
+async def test_deleting_a_session_forgets_the_response_ids_of_its_answers(start_gateway, upstream):
+    gw = await start_gateway(**gateway_config("responses"), tenants=TENANTS, server={"client_keys": "required", "admin_token": "adm"})
+    alice = client(gw, "pk-alice", session="doomed")
+    first = await alice.responses.create(model="fake-32k", input="alice's plan: 7731", store=False)
+    key = next(s.key for s in gw.app[LEDGER].sessions() if s.session_id == "doomed")
+    async with aiohttp.ClientSession() as http:
+        async with http.delete(f"{gw.root}/admin/sessions/{key}", headers={"Authorization": "Bearer adm"}) as r:
+            assert r.status == 200
+    assert not gw.app[RESPONSES].response_ids.taken(first.id)
+    with pytest.raises(openai.BadRequestError):  # passed on: the provider (store false) has nothing either
+        await alice.responses.create(model="fake-32k", previous_response_id=first.id, input="continue", store=False)

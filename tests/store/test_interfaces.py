@@ -12,6 +12,7 @@ from store import interfaces
 from store.checkpoints import DiskCheckpoints
 from store.index import SearchIndex
 from store.ledger import Ledger
+from store.response_ids import ResponseIds
 from store.turns import TurnLog
 
 
@@ -24,6 +25,7 @@ def _methods(proto: type) -> list[str]:
     (interfaces.CheckpointStore, DiskCheckpoints),
     (interfaces.SearchIndex, SearchIndex),
     (interfaces.TurnLogStore, TurnLog),
+    (interfaces.ResponseIdStore, ResponseIds),
 ])
 def test_backend_implements_protocol(proto: type, impl: type) -> None:
     for name in _methods(proto):
