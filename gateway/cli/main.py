@@ -43,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="Offline demo: a simulated upstream, a long agent session, recall.")
     demo.add_argument("--rounds", type=int, default=40, help="Rounds of the bundled agent session to replay.")
     demo.add_argument("--keep", action="store_true", help="Keep the demo's store directory.")
+    replay = sub.add_parser("replay", help="What each policy profile would bill on recorded requests (offline, simulated upstream).")
+    from gateway.cli.replay_args import add_arguments as replay_arguments
+
+    replay_arguments(replay)
     simulate = sub.add_parser(
         "simulate", help="Run a SIMULATED upstream (scripted, no key, no network) to try serve against.",
         description="A SIMULATED OpenAI-compatible provider on loopback: answers are scripted, not "
@@ -54,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "simulate":
         return run_simulator(args)
+    if args.command == "replay":
+        from gateway.cli.replay import run_replay
+
+        return run_replay(args)
     if args.command == "demo":
         from gateway.cli.demo import run_demo
 

@@ -1,0 +1,361 @@
+"""``palimpsest replay``: what each policy profile would have billed on a recorded session.
+
+The client's requests (``--from FILE.jsonl``: one request body a line, with its session key and
+wire format) are re-sent in their original order, one profile at a time, through a real gateway
+(``gateway.app.create_app``, a throw-away store) in front of the built-in simulator
+(``simulator.puppet``, strict, with its prompt cache ``simulator/cache.py``), all in this process on
+loopback: no key, no network. That is why this module imports the simulator (it is allowed to in
+tests/test_architecture.py, like ``palimpsest demo``).
+
+Every upstream call the simulator answers is metered from its own ``usage`` (a middleware added to
+the simulator's app before it starts): the session's requests, recall rounds and summary calls.
+``billed`` prices them in uncached-input-token units at ``--rates``; ``billed_direct`` is the same
+client bodies sent straight to a simulator with no window limit (its cache never expires within
+a run, the ideal case); ``direct`` is the profile that passes every request through
+(``x-palimpsest-bypass: 1``) to a simulator with no window limit, and counts as ``rejections`` the
+requests whose prompt is over the model's real window. Requests are replayed non-streaming, so
+every answer carries its usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from gateway.app import create_app
+from gateway.settings import ConfigError, load_settings
+from policies.extraction import values_in
+from policies.prices import CacheUsage, read_usage
+from simulator.counting import window_for
+from gateway.cli.replay_args import PROFILES, RATES, add_arguments
+from simulator.puppet import create_puppet_app
+
+__all__ = ["PROFILES", "RATES", "ReplayRequest", "add_arguments", "billed_units", "load_requests", "replay", "run_replay"]
+
+PATHS = {"chat": "/chat/completions", "responses": "/responses", "messages": "/messages"}
+UNLIMITED = 1 << 30
+DEFAULT_WINDOW = 128_000
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayRequest:
+    session: str
+    format: str
+    body: dict[str, Any]
+
+
+@dataclass(slots=True)
+class Call:
+    """One upstream call the simulator answered."""
+
+    summary: bool
+    usage: CacheUsage
+    body: bytes
+
+
+def billed_units(usage: CacheUsage, rates: tuple[float, float]) -> float:
+    """`usage` in uncached-input-token units. A usage that reports no cache write (Chat,
+    Responses) had its uncached tokens written to the simulator's cache: they pay the write rate."""
+    read, write = rates
+    if usage.cache_write:
+        return usage.uncached + usage.cached * read + usage.cache_write * write
+    return usage.cached * read + usage.uncached * write
+
+
+def load_requests(path: str) -> list[ReplayRequest]:
+    """One JSON object a line: ``{"session": KEY, "format": "chat"|"responses"|"messages", "body": {...}}``,
+    or the body itself with ``session`` and ``format`` fields beside its own."""
+    out: list[ReplayRequest] = []
+    with open(path, "rb") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{n}: not JSON ({exc})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{n}: expected a JSON object")
+            body = row.get("body") if isinstance(row.get("body"), dict) else \
+                {k: v for k, v in row.items() if k not in ("session", "format")}
+            fmt, session = row.get("format"), row.get("session")
+            if fmt not in PATHS:
+                raise ValueError(f"{path}:{n}: 'format' has value {fmt!r}: use chat, responses or messages")
+            if not isinstance(session, str) or not session:
+                raise ValueError(f"{path}:{n}: 'session' must be a non-empty string")
+            if not isinstance(body.get("model"), str):
+                raise ValueError(f"{path}:{n}: the body has no 'model'")
+            if body.get("previous_response_id"):
+                # The response it names lived in the recording gateway's store, not in the replay's.
+                raise ValueError(f"{path}:{n}: 'previous_response_id' is set: replay needs each request's full input")
+            out.append(ReplayRequest(session, fmt, body))
+    return out
+
+
+def _meter(calls: list[Call]):
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        response = await handler(request)
+        if isinstance(response, web.Response) and response.body is not None and response.status < 300:
+            try:
+                usage = orjson.loads(response.body).get("usage")
+            except (orjson.JSONDecodeError, AttributeError, TypeError):
+                usage = None
+            if usage is not None:
+                calls.append(Call(request.headers.get("x-palimpsest-purpose", "").lower() == "summary",
+                                  read_usage(usage), await request.read()))
+        return response
+    return middleware
+
+
+async def _start(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+
+
+async def _puppet(calls: list[Call], windows: dict[str, int]) -> tuple[web.AppRunner, str]:
+    app = create_puppet_app(windows=windows, keep_received=0)
+    app.middlewares.append(_meter(calls))  # inside the simulator's error middleware: rejections raise past it
+    return await _start(app)
+
+
+def _strings(value: Any, out: list[str]) -> list[str]:
+    if isinstance(value, str):
+        out.append(value)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _strings(v, out)
+    elif isinstance(value, list):
+        for v in value:
+            _strings(v, out)
+    return out
+
+
+def _history(body: dict[str, Any]) -> Any:
+    return body.get("messages") if "messages" in body else body.get("input")
+
+
+@dataclass(slots=True)
+class Outcome:
+    profile: str
+    requests: int = 0
+    client_prompt_tokens: int = 0
+    upstream_prompt_tokens: int = 0
+    billed: float = 0.0
+    billed_direct: float = 0.0
+    rejections: int = 0
+    summary_calls: int = 0
+    compaction_events: int = 0
+    visible: list[float] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        ratio = round(self.billed / self.billed_direct, 4) if self.billed_direct else None
+        shown = round(sum(self.visible) / len(self.visible), 4) if self.visible else None
+        return {"profile": self.profile, "requests": self.requests,
+                "client_prompt_tokens": self.client_prompt_tokens, "upstream_prompt_tokens": self.upstream_prompt_tokens,
+                "billed": round(self.billed, 1), "billed_direct": round(self.billed_direct, 1), "billed_ratio": ratio,
+                "rejections": self.rejections, "summary_calls": self.summary_calls,
+                "compaction_events": self.compaction_events, "exact_values_visible": shown}
+
+
+class Bar:
+    """tqdm over the requests of every profile, only when `stream` is a terminal."""
+
+    def __init__(self, total: int, stream: TextIO) -> None:
+        self.bar = None
+        if stream.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, file=stream, unit="req", leave=False)
+
+    def step(self, profile: str) -> None:
+        if self.bar is not None:
+            self.bar.set_description(profile, refresh=False)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _grouped(requests: list[ReplayRequest]) -> list[list[ReplayRequest]]:
+    """Sessions in order of their first request, each session's requests in their order."""
+    sessions: dict[str, list[ReplayRequest]] = {}
+    for r in requests:
+        sessions.setdefault(r.session, []).append(r)
+    return list(sessions.values())
+
+
+def _prepared(request: ReplayRequest, model: str | None) -> dict[str, Any]:
+    body = {**request.body, "stream": False}
+    body.pop("stream_options", None)
+    if model:
+        body["model"] = model
+    return body
+
+
+async def _send(http: aiohttp.ClientSession, url: str, request: ReplayRequest, body: dict, bypass: bool) -> aiohttp.ClientResponse:
+    headers = {"Authorization": "Bearer sk-replay-offline", "x-api-key": "sk-replay-offline",
+               "anthropic-version": "2023-06-01", "X-Session-Id": request.session}
+    if bypass:
+        headers["x-palimpsest-bypass"] = "1"
+    async with http.post(url + PATHS[request.format], data=orjson.dumps(body), headers=headers) as resp:
+        await resp.read()
+        return resp
+
+
+async def _baseline(http, sessions, model, rates) -> tuple[int, float]:
+    """The client's own bodies straight to a simulator with no window limit: its prompt tokens
+    and its bill (``billed_direct``)."""
+    calls: list[Call] = []
+    models = {(model or r.body["model"]) for s in sessions for r in s}
+    runner, url = await _puppet(calls, {m: UNLIMITED for m in models})
+    try:
+        for session in sessions:
+            for r in session:
+                await _send(http, url, r, _prepared(r, model), False)
+    finally:
+        await runner.cleanup()
+    return sum(c.usage.prompt for c in calls), sum(billed_units(c.usage, rates) for c in calls)
+
+
+async def _profile(http, profile: str, sessions, args, rates, store: str, bar: Bar) -> Outcome:
+    calls: list[Call] = []
+    direct = profile == "direct"
+    models = sorted({(args.model or r.body["model"]) for s in sessions for r in s})
+    windows = {m: window_for(m, {}, DEFAULT_WINDOW) for m in models}
+    puppet, puppet_url = await _puppet(calls, {m: UNLIMITED for m in models} if direct else windows)
+    policy: dict[str, Any] = dict(args.policy_overrides)
+    if not direct:
+        policy["profile"] = profile
+    try:
+        settings = load_settings(args.config, upstream={"base_url": puppet_url}, store={"path": store},
+                                 policy=policy, models={m: {"context_window": w} for m, w in windows.items()},
+                                 server={"shutdown_timeout_s": 10.0})
+    except ConfigError:
+        await puppet.cleanup()
+        raise
+    gateway, url = await _start(create_app(settings))
+    out = Outcome(profile)
+    try:
+        for session in sessions:
+            checkpoint = None
+            for r in session:
+                body = _prepared(r, args.model)
+                seen = len(calls)
+                resp = await _send(http, url, r, body, direct)
+                out.requests += 1
+                mine = [c for c in calls[seen:] if not c.summary]
+                if resp.status >= 400 or (direct and any(c.usage.prompt > windows[body["model"]] for c in mine)):
+                    out.rejections += 1
+                mark = resp.headers.get("x-palimpsest-checkpoint")
+                if mark and mark != checkpoint:
+                    out.compaction_events += 1
+                checkpoint = mark or checkpoint
+                bar.step(profile)
+            last = next((c for c in reversed(calls) if not c.summary), None)
+            out.visible.append(_visible(session[-1].body, last.body if last else b""))
+    finally:
+        await gateway.cleanup()  # drains summary jobs: their calls are metered before the totals
+        await puppet.cleanup()
+    out.upstream_prompt_tokens = sum(c.usage.prompt for c in calls if not c.summary)
+    out.summary_calls = sum(c.summary for c in calls)
+    out.billed = sum(billed_units(c.usage, rates) for c in calls)
+    return out
+
+
+def _visible(client_body: dict[str, Any], upstream_body: bytes) -> float:
+    """The share of the exact values in the client's history that the final upstream view shows."""
+    found = values_in("\n".join(_strings(_history(client_body), [])))
+    wanted = {v for values in found.values() for v in values}
+    if not wanted:
+        return 1.0
+    try:
+        text = "\n".join(_strings(orjson.loads(upstream_body), []))
+    except orjson.JSONDecodeError:
+        text = ""
+    return sum(v in text for v in wanted) / len(wanted)
+
+
+async def replay(requests: list[ReplayRequest], args: argparse.Namespace, err: TextIO = sys.stderr) -> dict[str, Any]:
+    """Replay `requests` for each of ``args.profiles``; the ``--json`` object."""
+    rates = RATES[args.rates]
+    sessions = _grouped(requests)
+    bar = Bar(len(requests) * len(args.profiles), err)
+    results = []
+    timeout = aiohttp.ClientTimeout(total=600)
+    try:
+        async with aiohttp.ClientSession(timeout=timeout, trust_env=False) as http:
+            client_tokens, billed_direct = await _baseline(http, sessions, args.model, rates)
+            for profile in args.profiles:
+                store = tempfile.mkdtemp(prefix=f"palimpsest-replay-{profile}-")
+                try:
+                    outcome = await _profile(http, profile, sessions, args, rates, store, bar)
+                finally:
+                    shutil.rmtree(store, ignore_errors=True)
+                outcome.client_prompt_tokens, outcome.billed_direct = client_tokens, billed_direct
+                results.append(outcome.as_json())
+    finally:
+        bar.close()
+    return {"sessions": len(sessions), "requests": len(requests), "profiles": results}
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = [f"{result['sessions']} sessions, {result['requests']} requests replayed against the SIMULATED upstream"]
+    for p in result["profiles"]:
+        lines += ["", f"profile {p['profile']}"]
+        for key in ("requests", "client_prompt_tokens", "upstream_prompt_tokens", "billed", "billed_direct",
+                    "billed_ratio", "rejections", "summary_calls", "compaction_events", "exact_values_visible"):
+            value = p[key]
+            shown = "n/a" if value is None else f"{value:,.4f}" if isinstance(value, float) and key.endswith(("ratio", "visible")) \
+                else f"{value:,.1f}" if isinstance(value, float) else f"{value:,}"
+            lines.append(f"  {key:<24}{shown:>16}")
+    return "\n".join(lines)
+
+
+def run_replay(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    args.profiles = [p.strip() for p in args.profiles.split(",") if p.strip()]
+    unknown = [p for p in args.profiles if p not in PROFILES]
+    if unknown or not args.profiles:
+        print(f"palimpsest replay: --profiles has {', '.join(unknown) or 'nothing'}: use {', '.join(PROFILES)}", file=err)
+        return 2
+    args.policy_overrides = {}
+    for item in args.policy:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            print(f"palimpsest replay: --policy has value '{item}': use KEY=VALUE", file=err)
+            return 2
+        args.policy_overrides[key.strip()] = value.strip()
+    try:
+        requests = load_requests(args.source)
+    except (OSError, ValueError) as exc:
+        print(f"palimpsest replay: {exc}", file=err)
+        return 2
+    if not requests:
+        print(f"palimpsest replay: {args.source} has no requests", file=err)
+        return 2
+    started = time.perf_counter()
+    try:
+        result = asyncio.run(replay(requests, args, err))
+    except ConfigError as exc:
+        print(f"palimpsest replay: {exc}", file=err)
+        return 2
+    if args.json:
+        out.write(orjson.dumps(result).decode() + "\n")
+    else:
+        print(render(result), file=out)
+        print(f"\n{result['requests'] * len(args.profiles)} requests in {time.perf_counter() - started:.1f}s", file=out)
+    return 0
