@@ -23,7 +23,7 @@ from typing import AsyncIterator
 import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.http.sse import SSEDecoder
+from gateway.pipeline.relay import upstream_events
 
 
 @dataclass
@@ -125,20 +125,8 @@ async def once(payload: bytes) -> AsyncIterator[bytes]:
 
 async def chat_chunks(reader) -> AsyncIterator[list[dict | str]]:
     """The upstream's chunk stream as lists of parsed events per network chunk: each a chunk
-    object, or the string "[DONE]"; what does not parse is skipped."""
-    decoder = SSEDecoder()
-    while chunk := await reader.chunk():
-        events: list[dict | str] = []
-        for data in decoder.feed(chunk):
-            if data == "[DONE]":
-                events.append("[DONE]")
-                continue
-            try:
-                event = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(event, dict):
-                events.append(event)
+    object, or the string "[DONE]"; what does not parse is skipped (``relay.upstream_events``)."""
+    async for _, events in upstream_events(reader):
         yield events
 
 

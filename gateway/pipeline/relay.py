@@ -20,13 +20,14 @@ from gateway.http.sse import SSEDecoder
 DONE = "[DONE]"
 
 
-async def upstream_events(reader, timing) -> AsyncIterator[tuple[bytes, list[Any]]]:
-    """(chunk, events) until the upstream's body ends; `timing` counts the waits."""
+async def upstream_events(reader, timing=None) -> AsyncIterator[tuple[bytes, list[Any]]]:
+    """(chunk, events) until the upstream's body ends; `timing` (a turn's) counts the waits."""
     decoder = SSEDecoder()
     while True:
         t0 = time.perf_counter()
         chunk = await reader.chunk()
-        timing.waiting(t0)
+        if timing is not None:
+            timing.waiting(t0)
         if not chunk:
             return
         events: list[Any] = []
