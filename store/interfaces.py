@@ -223,6 +223,7 @@ class ReceiptStore(Protocol):
     def delete_session(self, session_key: str) -> int: ...
 
 
+@runtime_checkable
 class ResponseIdStore(Protocol):
     """Which recorded answer a Responses API id names, per tenant (``store.response_ids``),
     and the secret compaction items are sealed with. Shared by replicas with ``store.url``."""
