@@ -224,7 +224,10 @@ async def test_compaction_items_are_issued_signed_and_checked(client, puppet, ht
                                           input=[*kept, item, {"role": "user", "content": "continue"}])
     assert later.output_text == "ok: continue"
 
-    tampered = {**item, "encrypted_content": item["encrypted_content"][:-2] + "00"}
+    token = item["encrypted_content"]
+    # The signature is hex: a different last digit always breaks it (a fixed "00" was the
+    # signature itself once in 256 runs).
+    tampered = {**item, "encrypted_content": token[:-1] + ("1" if token[-1] != "1" else "2")}
     with pytest.raises(openai.BadRequestError) as caught:
         await client.responses.create(model="fake-32k", store=False,
                                       input=[tampered, {"role": "user", "content": "continue"}])
