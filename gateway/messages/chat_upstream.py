@@ -32,7 +32,7 @@ from gateway.http.errors import anthropic_error_type
 from gateway.http.sse import StreamAssembler
 from gateway.messages import adapter as fmt
 from gateway.messages.stream import encode
-from gateway.pipeline.chat_transport import ChatTransport, arguments_object, chat_chunks, count
+from gateway.pipeline.chat_transport import ChatTransport, arguments_object, count, translated_stream
 from policies.conversation import wire_items
 
 STOPS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use",
@@ -282,19 +282,9 @@ class MessagesChatUpstream(ChatTransport):
         return out
 
     async def events(self, reader, request: dict):
-        writer, done = EventWriter(request), False
-        async for events in chat_chunks(reader):
-            out = bytearray()
-            for event in events:
-                if event == "[DONE]":
-                    done = True
-                elif isinstance(event.get("error"), dict) and not event.get("choices"):
-                    error = event["error"]
-                    out += encode({"type": "error", "error": {"type": error.get("type") or "api_error",
-                                                              "message": error.get("message") or "upstream error"}})
-                else:
-                    out += writer.chunk(event)
-            if out:
-                yield bytes(out)
-        if done or writer.assembler.finish_reason is not None:
-            yield writer.close()
+        def error_event(error: dict) -> bytes:
+            return encode({"type": "error", "error": {"type": error.get("type") or "api_error",
+                                                      "message": error.get("message") or "upstream error"}})
+
+        async for out in translated_stream(reader, EventWriter(request), error_event):
+            yield out

@@ -130,6 +130,27 @@ async def chat_chunks(reader) -> AsyncIterator[list[dict | str]]:
         yield events
 
 
+async def translated_stream(reader, writer, error_event) -> AsyncIterator[bytes]:
+    """A chat upstream's stream as the client's format: each chunk through `writer` (its format's
+    event writer: ``chunk``, ``close`` and the ``assembler`` it reads with), the provider's error
+    event through `error_event` (its error object -> the format's bytes), and the closing events
+    once the stream said it was complete ([DONE] or a finish reason)."""
+    done = False
+    async for events in chat_chunks(reader):
+        out = bytearray()
+        for event in events:
+            if event == "[DONE]":
+                done = True
+            elif isinstance(event.get("error"), dict) and not event.get("choices"):
+                out += error_event(event["error"])
+            else:
+                out += writer.chunk(event)
+        if out:
+            yield bytes(out)
+    if done or writer.assembler.finish_reason is not None:
+        yield writer.close()
+
+
 def arguments_object(arguments: object) -> dict:
     """A chat tool call's JSON arguments as an object ({} when they are not one)."""
     if not isinstance(arguments, str) or not arguments.strip():

@@ -14,7 +14,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
-from gateway.pipeline.chat_transport import ChatTransport, chat_chunks
+from gateway.pipeline.chat_transport import ChatTransport, translated_stream
 from gateway.responses import adapter as fmt
 from gateway.http.sse import StreamAssembler
 from gateway.responses.stream import encode
@@ -227,17 +227,5 @@ class ChatUpstream(ChatTransport):
         return response_of(completion, request)
 
     async def events(self, reader, request: dict):
-        writer, done = EventWriter(request), False
-        async for events in chat_chunks(reader):
-            out = bytearray()
-            for event in events:
-                if event == "[DONE]":
-                    done = True
-                elif isinstance(event.get("error"), dict) and not event.get("choices"):
-                    out += encode({"type": "error", **event["error"]})
-                else:
-                    out += writer.chunk(event)
-            if out:
-                yield bytes(out)
-        if done or writer.assembler.finish_reason is not None:
-            yield writer.close()
+        async for out in translated_stream(reader, EventWriter(request), lambda error: encode({"type": "error", **error})):
+            yield out
