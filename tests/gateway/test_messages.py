@@ -306,3 +306,25 @@ async def test_a_body_over_the_limit_is_413_in_anthropics_envelope(upstream, sta
     with pytest.raises(anthropic.BadRequestError) as bad:
         await client_for(gw).messages.count_tokens(model="fake-32k", messages="hi")
     assert bad.value.body["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("fault", ["none", "429", "ignore"])
+async def test_a_60_step_thinking_loop_under_one_user_message_survives_a_failing_summary_model(upstream, start_gateway, fault):
+    """60 Bash calls under one user message, thinking replayed with its signatures, while the
+    summary model works, answers 429 to every call, or ignores the required format: every step
+    is answered inside the window on one branch, and nothing the client sees fails."""
+    if fault == "429":
+        upstream.state.summary_status = 429
+    elif fault == "ignore":
+        upstream.state.summary_format = "ignore"
+    gw = await start_gateway(policy=ECONOMY)
+    history, answers = await run_loop(client_for(gw), f"s-60-{fault}", 60)
+    await settle(gw)
+    one_branch(gw, f"s-60-{fault}", history)
+    sent = messages_requests(upstream)
+    assert len(sent) == 60 and all(a.stop_reason == "tool_use" for a in answers)
+    assert summary_requests(upstream)  # the gateway did try to summarise
+    last = orjson.dumps(sent[-1]).decode()
+    assert len(last) < sum(len(orjson.dumps(m)) for m in history) / 2  # compacted all the same
+    newest = [b for m in history[-2:-1] for b in m["content"] if b.get("type") == "thinking"]
+    assert newest and newest[0]["signature"] in last  # the newest thinking block went back as signed
