@@ -68,6 +68,8 @@ class Target:
     load_ok: int = 0
     load_errors: int = 0
     load_p50: float = 0.0
+    load_latencies: list[float] = field(default_factory=list)  # phase 2, both passes
+    load_wall: float = 0.0
     rss_mb: float | None = None
 
 
@@ -391,9 +393,11 @@ async def load(target: Target, concurrency: int, seconds: float) -> None:
         started = time.perf_counter()
         await asyncio.gather(*(client(w, http) for w in range(concurrency)))
         wall = time.perf_counter() - started
-    target.load_ok = len(latencies)
-    target.rps = len(latencies) / wall
-    target.load_p50 = percentile(latencies, 50) if latencies else float("nan")
+    target.load_latencies += latencies
+    target.load_wall += wall
+    target.load_ok = len(target.load_latencies)
+    target.rps = target.load_ok / target.load_wall
+    target.load_p50 = percentile(target.load_latencies, 50) if target.load_latencies else float("nan")
 
 
 # --- figures -----------------------------------------------------------------------------------
@@ -504,8 +508,10 @@ async def run(args: argparse.Namespace, work: Path) -> tuple[list[dict], list[st
         await asyncio.sleep(1.0)  # let post-response work settle before reading idle RSS
         for target in targets:
             target.rss_mb = tree_rss_mb(target.proc.pid) if target.proc else None
-        for target in targets:
-            await load(target, args.concurrency, args.seconds)
+        # Two passes, the second in reverse order: whatever drifts over the run (the upstream's
+        # state, the machine) weighs on every target alike instead of on the last one.
+        for target in [*targets, *reversed(targets)]:
+            await load(target, args.concurrency, args.seconds / 2)
         for target in targets:
             if target.proc is not None and target.proc.poll() is not None:
                 notes.append(f"{target.name} exited during the run: {log_tail(work / f'{target.name}.log')}")

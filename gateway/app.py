@@ -307,7 +307,7 @@ async def _flush_answers(ledger: LedgerStore, turns: TurnLogStore, every_s: floa
         ticks += 1
         try:
             await store_call(ledger.flush)
-            turns.flush()
+            await asyncio.to_thread(turns.flush)  # receipts and rows: an executemany and its WAL work, off the loop
             if ticks % checkpoint_every == 0:
                 await asyncio.to_thread(ledger.checkpoint)
         except Exception:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,8 +118,10 @@ class TurnLog:
         for column, kind in _ADDED.items():
             if column not in have:
                 self._db.execute(f"ALTER TABLE turns ADD COLUMN {column} {kind}")
-        self._pending: list[TurnBasis] = []
-        self._receipts: list[StoredReceipt] = []
+        # Appended on the event loop, drained by `flush` in a worker thread: deque's append and
+        # popleft are atomic, so nothing added while a flush runs is lost.
+        self._pending: deque[TurnBasis] = deque()
+        self._receipts: deque[StoredReceipt] = deque()
         self._lock = threading.Lock()
 
     def add(self, basis: TurnBasis) -> None:
@@ -137,8 +140,7 @@ class TurnLog:
 
     def flush(self) -> None:
         with self._lock:
-            pending, self._pending = self._pending, []
-            receipts, self._receipts = self._receipts, []
+            pending, receipts = _drain(self._pending), _drain(self._receipts)
             if not pending and not receipts:
                 return
             cols = ", ".join(_COLUMNS)
@@ -168,3 +170,10 @@ class TurnLog:
     def close(self) -> None:
         self.flush()
         self._db.close()
+
+
+def _drain(queue: deque) -> list:
+    out = []
+    while queue:
+        out.append(queue.popleft())
+    return out
