@@ -163,7 +163,7 @@ class ChatRecallStream:
         return _reply(self.assembler.message(), self.names, self.call_usage, complete=self.finish_reason is not None)
 
     def end_round(self, *, final: bool) -> bytes:
-        return self.filter.end_round(self.call_usage, final=final)  # chat holds nothing back
+        return self.filter.end_round(self.call_usage, {}, final=final)  # chat holds nothing back
 
     def answer(self) -> dict | None:
         sent = self.sent

@@ -77,7 +77,6 @@ class MessagesRecallStream:
         self.events = MessagesEvents(self.names)
         self.filter = StreamFilter(self.events, add_usage)
         self.round = MessageAssembler()
-        self.visible: list[dict] = []  # client-visible blocks, in client order
 
     def feed(self, event: dict) -> bytes:
         self.round.add(event)
@@ -92,19 +91,17 @@ class MessagesRecallStream:
         return _reply(self.round.content(), self.names, self.round.usage, self.round.stop_reason == "tool_use")
 
     def end_round(self, *, final: bool) -> bytes:
-        out = self.filter.end_round(self.round.usage, final=final)
-        self.visible += [self.round.blocks[i] for i in self.filter.shown() if i in self.round.blocks]
-        return out
+        return self.filter.end_round(self.round.usage, self.round.blocks, final=final)
 
     def new_round(self) -> None:
         self.round = MessageAssembler()
         self.filter.new_round()
 
     def finish(self) -> bytes:
-        return self.filter.finish(self.events.closing(self.round, self.visible, self.filter.usage))
+        return self.filter.finish(self.events.closing(self.round, self.filter.visible, self.filter.usage))
 
     def answer(self) -> dict | None:
-        return answer_of({"content": self.visible, "stop_reason": self.round.stop_reason})
+        return answer_of({"content": self.filter.visible, "stop_reason": self.round.stop_reason})
 
     def usage(self) -> dict | None:
         return chat_usage(self.filter.usage)

@@ -47,7 +47,6 @@ class Kind(Enum):
     CLOSE = "close"  # the answer's closing (response.completed, message_delta / message_stop)
     START = "start"  # starts the item at its index
     ITEM = "item"  # belongs to the item at its index
-    OTHER = "other"  # neither (ping, events the gateway does not know): told as it comes
 
 
 class StreamShape(Protocol):
@@ -81,6 +80,7 @@ class StreamFilter:
         self.first: dict | None = None  # the first call's answer object (its id names the answer)
         self.usage: dict | None = None  # summed over the turn's calls, in the format's shape
         self.closing: dict | None = None  # the round's closing event, once it came
+        self.visible: list[dict] = []  # the items the client was shown, whole, in its order
         self._seq = 0
         self._next = 0  # the next client index (gapless across rounds)
         self._round()
@@ -159,8 +159,8 @@ class StreamFilter:
             self.closing = event
             return b""  # the caller decides: another round, or the end (`finish`)
         index = event.get(shape.index_key)
-        if kind is Kind.OTHER or not isinstance(index, int):
-            return self._out(event)
+        if not isinstance(index, int):
+            return self._out(event)  # ping, and events the gateway does not know
         if kind is Kind.START:
             role = shape.role(event)
             out = self.open(index, role)
@@ -185,14 +185,15 @@ class StreamFilter:
             event = {**event, key: self._map[event[key]]}
         return self.shape.encode(event)
 
-    def end_round(self, usage: Any, *, final: bool) -> bytes:
+    def end_round(self, usage: Any, items: dict[int, dict], *, final: bool) -> bytes:
         """The round's stream ended: its usage counts; what is still held goes to the client
-        after the final round, and with the recall calls after a recall round."""
+        after the final round, and with the recall calls after a recall round; the shown ones
+        of the round's whole `items` (by upstream index) are kept as the client's."""
         self.add_usage(usage)
-        if final:
-            return self._flush_held()
+        out = self._flush_held() if final else b""
         self._drop_held()
-        return b""
+        self.visible += [items[i] for i in self.shown() if i in items]
+        return out
 
     def add_usage(self, usage: Any) -> None:
         self.usage = self._add_usage(self.usage, usage)

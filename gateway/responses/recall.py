@@ -76,7 +76,6 @@ class ResponsesRecallStream:
         self.names = turn.view.recall_names
         self.events = ResponsesEvents(self.names, turn.chat.body.get("tools"))
         self.filter = StreamFilter(self.events, add_usage)
-        self.visible: list[dict] = []  # client-visible items done, in client order
         self._done: dict[int, dict] = {}  # the round's items done, by upstream index
 
     def feed(self, event: dict) -> bytes:
@@ -100,22 +99,20 @@ class ResponsesRecallStream:
         return _reply(output, self.names, final.get("usage"), self.filter.closing.get("type") == "response.completed")
 
     def end_round(self, *, final: bool) -> bytes:
-        out = self.filter.end_round(self._final().get("usage"), final=final)
-        self.visible += [self._done[i] for i in self.filter.shown() if i in self._done]
-        return out
+        return self.filter.end_round(self._final().get("usage"), self._done, final=final)
 
     def new_round(self) -> None:
         self._done = {}
         self.filter.new_round()
 
     def finish(self) -> bytes:
-        return self.filter.finish([self.events.closing(self.filter.closing, self.filter.first, self.visible,
+        return self.filter.finish([self.events.closing(self.filter.closing, self.filter.first, self.filter.visible,
                                                        self.filter.usage)])
 
     def answer(self) -> dict | None:
         if self.filter.closing.get("type") != "response.completed":
             return None
-        answer = answer_of({**self._final(), "output": self.visible})
+        answer = answer_of({**self._final(), "output": self.filter.visible})
         first = self.filter.first
         if answer is not None and first and isinstance(first.get("id"), str):
             answer["response_id"] = first["id"]

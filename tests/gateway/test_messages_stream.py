@@ -72,8 +72,8 @@ def test_two_rounds_read_as_one_message_without_the_recall_call():
     assert delta["usage"] == {"input_tokens": 40, "output_tokens": 12, "cache_read_input_tokens": 210,
                               "cache_creation_input_tokens": 20}
     assert seen[-1][0] == "message_stop"
-    assert [b["type"] for b in relay.visible] == ["text", "thinking", "text"]
-    assert relay.visible[1]["signature"] == "sig-2"
+    assert [b["type"] for b in relay.filter.visible] == ["text", "thinking", "text"]
+    assert relay.filter.visible[1]["signature"] == "sig-2"
 
 
 def test_visible_blocks_drop_recall_calls_and_the_thinking_bound_to_them():

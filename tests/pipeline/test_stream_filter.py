@@ -20,7 +20,7 @@ class Shape:
         self.hold_one, self.hidden_drops_held = hold_one, hidden_drops_held
 
     def kind(self, event):
-        return {"open": Kind.OPEN, "close": Kind.CLOSE, "start": Kind.START, "part": Kind.ITEM}.get(event["t"], Kind.OTHER)
+        return {"open": Kind.OPEN, "close": Kind.CLOSE, "start": Kind.START}.get(event["t"], Kind.ITEM)
 
     def role(self, event):
         return Role(event["role"])
@@ -53,7 +53,7 @@ def run(filter_: StreamFilter, rounds: list[list[dict]]) -> list[dict]:
         if n:
             filter_.new_round()
         out += b"".join(filter_.feed(e) for e in [{"t": "open", "answer": {"id": n}}, *events, {"t": "close"}])
-        out += filter_.end_round({"n": 1}, final=n == len(rounds) - 1)
+        out += filter_.end_round({"n": 1}, {}, final=n == len(rounds) - 1)
     return told(out + filter_.finish([{"t": "close", "usage": filter_.usage}]))
 
 
