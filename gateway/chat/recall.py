@@ -21,6 +21,7 @@ import orjson
 from gateway.http.errors import UpstreamErrorEvent
 from gateway.http.sse import StreamAssembler, ToolCallIndexer, encode_event, readable_chunk, readable_completion
 from gateway.pipeline.adapter import RecallFormat, Reply
+from gateway.pipeline.stream_filter import Role, StreamFilter
 from gateway.pipeline.turn import Turn, add_usage
 from policies import is_recall_call
 
@@ -110,29 +111,30 @@ class _Sent:
     """What the client has been sent so far in one streamed turn (across upstream calls)."""
 
     first: dict[str, Any] = field(default_factory=dict)  # id, created, model of the first chunk
-    client_index: dict[int, int] = field(default_factory=dict)  # upstream tool index -> client's
     client_calls: dict[int, dict] = field(default_factory=dict)
     content_parts: list[str] = field(default_factory=list)
     answer: StreamAssembler = field(default_factory=StreamAssembler)  # what the client was sent, as a message
 
 
 class ChatRecallStream:
-    """The chat streams of one turn as the client's one stream (see the module docstring)."""
+    """The chat streams of one turn as the client's one stream (see the module docstring). Its
+    tool calls are the items of the one stream state machine (``StreamFilter``): a chunk carries
+    deltas of several at once, so each delta is routed through it here."""
 
     def __init__(self, turn: Turn) -> None:
         self.names = turn.view.recall_names
         self.want_usage = bool((turn.chat.body.get("stream_options") or {}).get("include_usage"))
         self.sent = _Sent()
-        self.total: dict | None = None
+        self.filter = StreamFilter(None, add_usage)
         self._round()
 
     def _round(self) -> None:
         self.assembler, self.indexer = StreamAssembler(), ToolCallIndexer()
-        self.recall_idx: set[int] = set()
         self.finish_reason: str | None = None
         self.call_usage: dict | None = None
 
     def new_round(self) -> None:
+        self.filter.new_round()
         self._round()
 
     def done(self) -> None:
@@ -158,11 +160,10 @@ class ChatRecallStream:
     def round_end(self) -> Reply | None:
         if self.finish_reason is None and not self.assembler.done:
             return None
-        self.total = add_usage(self.total, self.call_usage)
         return _reply(self.assembler.message(), self.names, self.call_usage, complete=self.finish_reason is not None)
 
     def end_round(self, *, final: bool) -> bytes:
-        return b""
+        return self.filter.end_round(self.call_usage, {}, final=final)  # chat holds nothing back
 
     def answer(self) -> dict | None:
         sent = self.sent
@@ -176,7 +177,7 @@ class ChatRecallStream:
         return None
 
     def usage(self) -> dict | None:
-        return self.total
+        return self.filter.usage
 
     def finish(self) -> bytes:
         first, finish = self.sent.first, self.finish_reason
@@ -185,8 +186,8 @@ class ChatRecallStream:
         # A provider that ended with [DONE] but named no finish_reason gets none invented.
         tail = bytearray(encode_event({**first, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}]})
                          if finish is not None else b"")
-        if self.want_usage and self.total is not None:
-            tail += encode_event({**first, "object": "chat.completion.chunk", "choices": [], "usage": self.total})
+        if self.want_usage and self.filter.usage is not None:
+            tail += encode_event({**first, "object": "chat.completion.chunk", "choices": [], "usage": self.filter.usage})
         tail += encode_event("[DONE]")
         return bytes(tail)
 
@@ -194,8 +195,8 @@ class ChatRecallStream:
         """The client's view of one upstream chunk: one id, no recall tool calls, no finish or
         usage (those are sent once, at the end of the turn). Everything else a delta carries
         (a legacy function_call, a refusal, reasoning text, audio) reaches the client."""
-        sent, names, recall_idx = self.sent, self.names, self.recall_idx
-        first, client_index, client_calls, content_parts = sent.first, sent.client_index, sent.client_calls, sent.content_parts
+        sent, names, items = self.sent, self.names, self.filter
+        first, client_calls, content_parts = sent.first, sent.client_calls, sent.content_parts
         choices_out = []
         for choice in event.get("choices") or ():
             delta = dict(choice.get("delta") or {})
@@ -204,16 +205,16 @@ class ChatRecallStream:
             for call in calls:
                 idx = call.get("index", 0)
                 name = ((call.get("function") or {}).get("name")) or ""
-                if idx in recall_idx:
+                if items.hidden(idx):
                     continue
-                if idx not in client_index:
-                    if name and name in names:
-                        recall_idx.add(idx)
+                if items.place(idx) is None:  # its first delta: a recall call by its name, else the client's
+                    items.open(idx, Role.HIDDEN if name and name in names else Role.SHOWN)
+                    if items.hidden(idx):
                         continue
-                    client_index[idx] = len(client_index)
-                mapped = {**call, "index": client_index[idx]}
+                client = items.place(idx)
+                mapped = {**call, "index": client}
                 kept_calls.append(mapped)
-                slot = client_calls.setdefault(client_index[idx], {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+                slot = client_calls.setdefault(client, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
                 slot["id"] = call.get("id") or slot["id"]
                 fn = call.get("function") or {}
                 slot["function"]["name"] += fn.get("name") or ""

@@ -4,7 +4,7 @@ When an answer calls only recall tools (``stop_reason: tool_use``), the loop run
 appends the assistant message as it came (thinking blocks with their signatures included, so
 they stay bound to their calls) and a user message of ``tool_result`` blocks. The client sees
 one message: recall ``tool_use`` blocks never reach it, in JSON or in the stream
-(``MessageStreamFilter`` renumbers the block indices), the first call's id names the message
+(``gateway/pipeline/stream_filter.py`` renumbers the block indices), the first call's id names the message
 and usage is summed. An answer that mixes client calls with recall calls goes to the client
 without the recall calls.
 """
@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import orjson
 
-from gateway.http.errors import UpstreamErrorEvent
 from gateway.messages import adapter as fmt
-from gateway.messages.stream import MessageStreamFilter, add_usage, answer_of, chat_usage, is_recall_block, visible_blocks
+from gateway.messages.stream import (MessageAssembler, MessagesEvents, add_usage, answer_of, chat_usage, is_recall_block,
+                                     visible_blocks)
 from gateway.pipeline.adapter import RecallFormat, Reply
+from gateway.pipeline.stream_filter import StreamFilter
 from gateway.pipeline.turn import Turn
 from policies.messages import tool_calls
 
@@ -68,35 +69,39 @@ class MessagesJsonTurn:
 
 
 class MessagesRecallStream:
+    """The Messages streams of one turn as one (the shared ``StreamFilter`` over
+    ``MessagesEvents``); each round's message rebuilt on the side (``MessageAssembler``)."""
+
     def __init__(self, turn: Turn) -> None:
         self.names = turn.view.recall_names
-        self.filter = MessageStreamFilter(self.names)
+        self.events = MessagesEvents(self.names)
+        self.filter = StreamFilter(self.events, add_usage)
+        self.round = MessageAssembler()
 
     def feed(self, event: dict) -> bytes:
-        if event.get("type") == "error":
-            raise UpstreamErrorEvent(event.get("error") if isinstance(event.get("error"), dict) else {})
+        self.round.add(event)
         return self.filter.feed(event)
 
     def done(self) -> None:
         pass
 
     def round_end(self) -> Reply | None:
-        round_ = self.filter.assembler
-        if not round_.stopped:
+        if not self.round.stopped:
             return None
-        return _reply(round_.content(), self.names, round_.usage, round_.stop_reason == "tool_use")
+        return _reply(self.round.content(), self.names, self.round.usage, self.round.stop_reason == "tool_use")
 
     def end_round(self, *, final: bool) -> bytes:
-        return self.filter.end_round(final=final)
+        return self.filter.end_round(self.round.usage, self.round.blocks, final=final)
 
     def new_round(self) -> None:
+        self.round = MessageAssembler()
         self.filter.new_round()
 
     def finish(self) -> bytes:
-        return self.filter.finish()
+        return self.filter.finish(self.events.closing(self.round, self.filter.visible, self.filter.usage))
 
     def answer(self) -> dict | None:
-        return answer_of({"content": self.filter.visible, "stop_reason": self.filter.assembler.stop_reason})
+        return answer_of({"content": self.filter.visible, "stop_reason": self.round.stop_reason})
 
     def usage(self) -> dict | None:
         return chat_usage(self.filter.usage)

@@ -3,7 +3,8 @@
 A Messages stream is ``event: NAME`` / ``data: {"type": NAME, ...}`` pairs: ``message_start``,
 then per content block ``content_block_start`` / ``_delta`` / ``_stop`` addressed by ``index``,
 ``message_delta`` (stop reason, usage), ``message_stop``; ``ping`` and ``error`` anywhere.
-``MessageAssembler`` rebuilds the message one stream carried. ``MessageStreamFilter`` turns the
+``MessageAssembler`` rebuilds the message one stream carried. ``MessagesEvents`` are its shapes
+for the one stream state machine (``gateway/pipeline/stream_filter.py``), which turns the
 streams of one turn's upstream calls (the recall loop may make several) into one for the client:
 
 - ``message_start`` is told once, from the first call;
@@ -22,6 +23,7 @@ from typing import Any
 import orjson
 
 from gateway.messages import adapter as fmt
+from gateway.pipeline.stream_filter import Kind, Role
 
 USAGE_KEYS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
 THINKING = frozenset({"thinking", "redacted_thinking"})
@@ -159,95 +161,49 @@ class MessageAssembler:
                 "stop_sequence": self.stop_sequence, "usage": dict(self.usage)}
 
 
-class MessageStreamFilter:
-    """The client's stream across the upstream calls of one turn (see the module docstring)."""
+class MessagesEvents:
+    """Anthropic Messages' event shapes for the one stream state machine
+    (``gateway/pipeline/stream_filter.py``): content blocks addressed by ``index``, thinking
+    blocks held (as many as come: a recall ``tool_use`` takes every one before it along)."""
+
+    index_key = "index"
+    hold_one = False
+    hidden_drops_held = True
 
     def __init__(self, names: tuple[str, str] | None) -> None:
         self.names = names
-        self.rounds = 0
-        self.first: dict | None = None  # the first call's message (id, model, ...)
-        self.visible: list[dict] = []  # client-visible blocks, in client order
-        self.usage: dict | None = None
-        self._next = 0
-        self._new_round()
 
-    def _new_round(self) -> None:
-        self.assembler = MessageAssembler()
-        self._map: dict[int, int] = {}
-        self._hidden: set[int] = set()
-        self._held: list[tuple[int, list[dict]]] = []  # thinking blocks waiting for what follows
-
-    def new_round(self) -> None:
-        self.rounds += 1
-        self._new_round()
-
-    def _out(self, event: dict) -> bytes:
-        if isinstance(event.get("index"), int) and event["index"] in self._map:
-            event = {**event, "index": self._map[event["index"]]}
-        return encode(event)
-
-    def _show(self, index: int) -> None:
-        self._map[index] = self._next
-        self._next += 1
-
-    def _flush_held(self) -> bytes:
-        out = bytearray()
-        for index, events in self._held:
-            self._show(index)
-            out += b"".join(self._out(e) for e in events)
-        self._held = []
-        return bytes(out)
-
-    def feed(self, event: dict) -> bytes:
-        """Bytes for the client for one upstream event (b"" when nothing is told)."""
-        self.assembler.add(event)
+    def kind(self, event: dict) -> Kind:
         kind = event.get("type")
         if kind == "message_start":
-            if self.first is None and isinstance(event.get("message"), dict):
-                self.first = event["message"]
-            return encode(event) if self.rounds == 0 else b""
+            return Kind.OPEN
         if kind in ("message_delta", "message_stop"):
-            return b""  # the caller decides: another round, or the end (`finish`)
-        index = event.get("index")
-        if not isinstance(index, int):
-            return encode(event)  # ping, and events the gateway does not know
-        if kind == "content_block_start":
-            block = _dict(event.get("content_block"))
-            if block.get("type") in THINKING:
-                self._held.append((index, [event]))
-                return b""
-            if is_recall_block(block, self.names):
-                self._hidden.add(index)
-                self._hidden.update(i for i, _ in self._held)
-                self._held = []
-                return b""
-            out = self._flush_held()
-            self._show(index)
-            return out + self._out(event)
-        if index in self._hidden:
-            return b""
-        for held_index, events in self._held:
-            if held_index == index:
-                events.append(event)
-                return b""
-        return self._out(event)
+            return Kind.CLOSE
+        return Kind.START if kind == "content_block_start" else Kind.ITEM
 
-    def end_round(self, *, final: bool) -> bytes:
-        """The round's stream ended: its usage counts, its visible blocks are kept; thinking
-        still held goes to the client after a final round, with the recall calls otherwise."""
-        self.usage = add_usage(self.usage, self.assembler.usage)
-        out = self._flush_held() if final else b""
-        self._held = []
-        shown = sorted(self._map, key=self._map.get)
-        self.visible.extend(self.assembler.blocks[i] for i in shown if i in self.assembler.blocks)
-        return out
+    def role(self, event: dict) -> Role:
+        block = _dict(event.get("content_block"))
+        if block.get("type") in THINKING:
+            return Role.HELD
+        return Role.HIDDEN if is_recall_block(block, self.names) else Role.SHOWN
 
-    def finish(self) -> bytes:
+    def opening(self, event: dict) -> tuple[dict, dict | None]:
+        return event, event["message"] if isinstance(event.get("message"), dict) else None
+
+    def error(self, event: dict) -> dict | None:
+        if event.get("type") != "error":
+            return None
+        return event.get("error") if isinstance(event.get("error"), dict) else {}
+
+    encode = staticmethod(encode)
+
+    @staticmethod
+    def closing(round_: MessageAssembler, visible: list[dict], usage: dict | None) -> list[dict]:
         """The client's message_delta (the last call's stop reason, the summed usage) and message_stop."""
-        delta = {"stop_reason": self.assembler.stop_reason, "stop_sequence": self.assembler.stop_sequence}
-        if self.assembler.stop_reason == "tool_use" and not any(b.get("type") == "tool_use" for b in self.visible):
+        delta = {"stop_reason": round_.stop_reason, "stop_sequence": round_.stop_sequence}
+        if round_.stop_reason == "tool_use" and not any(b.get("type") == "tool_use" for b in visible):
             delta["stop_reason"] = "end_turn"
-        return encode({"type": "message_delta", "delta": delta, "usage": self.usage or {}}) + encode({"type": "message_stop"})
+        return [{"type": "message_delta", "delta": delta, "usage": usage or {}}, {"type": "message_stop"}]
 
 
 def answer_of(message: dict, names: tuple[str, str] | None = None) -> dict | None:

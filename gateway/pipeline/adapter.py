@@ -4,7 +4,8 @@ A format's pipeline (a ``WirePipeline`` subclass in its own room) is its adapter
 renders, reads answers and streams, and ends a started stream with its error event. For the
 recall loop (``gateway/pipeline/recall_loop.py``) it also reads each upstream answer of a turn
 into a ``Reply`` and merges the turn's answers into the one the client sees, in JSON
-(``JsonTurn``) and in streams (``RecallStream``). The loop itself knows no format.
+(``JsonTurn``) and in streams (``RecallStream``, built on the one stream state machine,
+``stream_filter.StreamFilter``, over the format's event shapes). The loop itself knows no format.
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ started with), ``gateway/responses/`` (the OpenAI Responses API: Codex CLI, the 
 ``gateway/messages/`` (Anthropic Messages: Claude Code). ``gateway/pipeline/`` holds what they
 share and imports none of them; no format room imports another (tests/test_architecture.py).
 The neutral model is described in ``policies/conversation.py``. Each adapter owns: parsing (400
-in its own envelope), the canonical form of its items (opaque parts), rendering, its stream
-filter and assembler, and where the summary block goes. The recall tools' schema in each
+in its own envelope), the canonical form of its items (opaque parts), rendering, its stream's
+event shapes for the one stream state machine (``stream_filter.py``) and its assembler, and
+where the summary block goes. The recall tools' schema in each
 format's tool shape is here, because the view builder injects them.
 """
 

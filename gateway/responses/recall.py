@@ -3,7 +3,7 @@
 When a response's output calls only recall tools, the loop runs them and appends the output
 items (reasoning included, so it stays bound to its calls) and ``function_call_output`` items.
 The client sees one response: recall calls never reach it, in JSON or in the stream
-(``ResponseStreamFilter`` renumbers ``output_index`` and ``sequence_number``), usage is summed,
+(``gateway/pipeline/stream_filter.py`` renumbers ``output_index`` and ``sequence_number``), usage is summed,
 the first call's id names the response and the response echoes the client's own tools. A
 response that mixes client calls with recall calls goes to the client without the recall calls.
 """
@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import orjson
 
-from gateway.http.errors import UpstreamErrorEvent
 from gateway.pipeline.adapter import RecallFormat, Reply
+from gateway.pipeline.stream_filter import StreamFilter
 from gateway.pipeline.turn import Turn
 from gateway.responses import adapter as fmt
-from gateway.responses.stream import (TERMINAL, ResponseStreamFilter, add_usage, answer_of, as_sent, chat_usage,
-                                      is_recall_item, visible_output)
+from gateway.responses.stream import (ResponsesEvents, add_usage, answer_of, as_sent, chat_usage, is_recall_item,
+                                      visible_output)
 from policies.messages import tool_calls
 
 
@@ -69,49 +69,48 @@ class ResponsesJsonTurn:
 
 
 class ResponsesRecallStream:
-    """The Responses streams of one turn as one (``ResponseStreamFilter``), its terminal events
-    read here: the loop decides whether another round follows."""
+    """The Responses streams of one turn as one (the shared ``StreamFilter`` over
+    ``ResponsesEvents``); the loop decides from the terminal event whether another round follows."""
 
     def __init__(self, turn: Turn) -> None:
         self.names = turn.view.recall_names
-        self.filter = ResponseStreamFilter(self.names, turn.chat.body.get("tools"))
-        self.terminal: dict | None = None
+        self.events = ResponsesEvents(self.names, turn.chat.body.get("tools"))
+        self.filter = StreamFilter(self.events, add_usage)
+        self._done: dict[int, dict] = {}  # the round's items done, by upstream index
 
     def feed(self, event: dict) -> bytes:
-        kind = event.get("type")
-        if kind == "error":
-            raise UpstreamErrorEvent(event.get("error") if isinstance(event.get("error"), dict) else event)
-        if kind in TERMINAL:
-            self.terminal = event
-            return b""
+        if (event.get("type") == "response.output_item.done" and isinstance(event.get("item"), dict)
+                and isinstance(event.get("output_index"), int)):
+            self._done[event["output_index"]] = event["item"]
         return self.filter.feed(event)
 
     def done(self) -> None:
         pass
 
     def _final(self) -> dict:
-        terminal = self.terminal or {}
+        terminal = self.filter.closing or {}
         return terminal.get("response") if isinstance(terminal.get("response"), dict) else {}
 
     def round_end(self) -> Reply | None:
-        if self.terminal is None:
+        if self.filter.closing is None:
             return None
         final = self._final()
         output = final.get("output") if isinstance(final.get("output"), list) else []
-        return _reply(output, self.names, final.get("usage"), self.terminal.get("type") == "response.completed")
+        return _reply(output, self.names, final.get("usage"), self.filter.closing.get("type") == "response.completed")
 
     def end_round(self, *, final: bool) -> bytes:
-        return self.filter.end_round(self._final(), final=final)
+        return self.filter.end_round(self._final().get("usage"), self._done, final=final)
 
     def new_round(self) -> None:
-        self.terminal = None
+        self._done = {}
         self.filter.new_round()
 
     def finish(self) -> bytes:
-        return self.filter.finish(self.terminal)
+        return self.filter.finish([self.events.closing(self.filter.closing, self.filter.first, self.filter.visible,
+                                                       self.filter.usage)])
 
     def answer(self) -> dict | None:
-        if self.terminal.get("type") != "response.completed":
+        if self.filter.closing.get("type") != "response.completed":
             return None
         answer = answer_of({**self._final(), "output": self.filter.visible})
         first = self.filter.first

@@ -2,7 +2,8 @@
 
 A Responses stream is a sequence of typed events (``event: response.output_text.delta`` /
 ``data: {"type": ..., "sequence_number": n, ...}``); output items are addressed by
-``output_index``. ``ResponseStreamFilter`` turns the streams of one turn's upstream calls (the
+``output_index``. ``ResponsesEvents`` are its shapes for the one stream state machine
+(``gateway/pipeline/stream_filter.py``), which turns the streams of one turn's upstream calls (the
 recall loop may make several) into one stream for the client:
 
 - ``response.created`` / ``response.in_progress`` are told once, from the first call;
@@ -20,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from gateway.pipeline.stream_filter import Kind, Role
 from gateway.pipeline.turn import clean_usage
 from gateway.responses import adapter as fmt
 
@@ -84,119 +86,58 @@ def visible_output(output: list, names: tuple[str, str] | None) -> list[dict]:
     return keep
 
 
-class ResponseStreamFilter:
-    """The client's stream across the upstream calls of one turn (see the module docstring)."""
+class ResponsesEvents:
+    """The Responses API's event shapes for the one stream state machine
+    (``gateway/pipeline/stream_filter.py``): output items addressed by ``output_index``, a
+    reasoning item held (one at a time: a second one before anything visible drops the first),
+    ``sequence_number`` renumbered, the response objects echoing the client's own tools."""
+
+    index_key = "output_index"
+    hold_one = True
+    hidden_drops_held = False  # a reasoning item before a recall call may still bind a client call after it
 
     def __init__(self, names: tuple[str, str] | None, client_tools: Any = None) -> None:
         self.names = names
-        self.client_tools = client_tools  # echoed in the response objects instead of the view's tools
-        self.seq = 0
-        self.first: dict | None = None  # the first call's response object (id, created_at, ...)
-        self.visible: list[dict] = []  # client-visible items done, in client order
-        self.usage: dict | None = None
-        self._next_index = 0
-        self.rounds = 0
-        self._round_reset()
+        self.client_tools = client_tools
 
-    def _round_reset(self) -> None:
-        self._map: dict[int, int] = {}  # upstream output_index -> client output_index
-        self._hidden: set[int] = set()
-        self._pending: int | None = None  # a reasoning item's upstream index, held
-        self._held: list[dict] = []  # its events
-        self._done_items: dict[int, dict] = {}
-
-    def new_round(self) -> None:
-        """The next upstream call of the turn begins (after a recall round)."""
-        self.rounds += 1
-        self._round_reset()
-
-    def _out(self, event: dict) -> bytes:
-        event = dict(event)
-        if "sequence_number" in event:
-            event["sequence_number"] = self.seq
-        self.seq += 1
-        if "output_index" in event and isinstance(event["output_index"], int):
-            event["output_index"] = self._map.get(event["output_index"], event["output_index"])
-        return encode(event)
-
-    def _show(self, index: int) -> None:
-        self._map[index] = self._next_index
-        self._next_index += 1
-
-    def _flush_pending(self) -> bytes:
-        if self._pending is None:
-            return b""
-        index, held = self._pending, self._held
-        self._pending, self._held = None, []
-        self._show(index)
-        if index in self._done_items:
-            self.visible.append(self._done_items[index])
-        return b"".join(self._out(e) for e in held)
-
-    def _drop_pending(self) -> None:
-        if self._pending is not None:
-            self._hidden.add(self._pending)
-        self._pending, self._held = None, []
-
-    def feed(self, event: dict) -> bytes:
-        """Bytes for the client for one upstream event (b"" when nothing is told)."""
+    def kind(self, event: dict) -> Kind:
         kind = event.get("type")
         if kind in OPENING:
-            if isinstance(event.get("response"), dict):
-                event = {**event, "response": as_sent(event["response"], self.client_tools)}
-                if self.first is None:
-                    self.first = event["response"]
-            return self._out(event) if self.rounds == 0 else b""
+            return Kind.OPEN
         if kind in TERMINAL:
-            return b""  # the caller decides (another round, or the end: `finish`)
-        index = event.get("output_index")
-        if not isinstance(index, int):
-            return self._out(event)
-        if kind == "response.output_item.added":
-            item = event.get("item") or {}
-            if item.get("type") == "reasoning":
-                if self._pending is not None:
-                    self._drop_pending()  # nothing visible came after it
-                self._pending, self._held = index, [event]
-                return b""
-            if is_recall_item(item, self.names):
-                self._hidden.add(index)
-                return b""
-            out = self._flush_pending()
-            self._show(index)
-            return out + self._out(event)
-        if index in self._hidden:
-            return b""
-        if index == self._pending:
-            if kind == "response.output_item.done" and isinstance(event.get("item"), dict):
-                self._done_items[index] = event["item"]
-            self._held.append(event)
-            return b""
-        if kind == "response.output_item.done" and isinstance(event.get("item"), dict) and index in self._map:
-            self.visible.append(event["item"])
-        return self._out(event)
+            return Kind.CLOSE
+        return Kind.START if kind == "response.output_item.added" else Kind.ITEM
 
-    def end_round(self, response: dict | None, *, final: bool) -> bytes:
-        """The round's terminal event arrived: its usage counts. A reasoning item still held goes
-        with the recall calls of a recall round, and to the client after a final one."""
-        if isinstance(response, dict):
-            self.usage = add_usage(self.usage, response.get("usage"))
-        if final:
-            return self._flush_pending()
-        self._drop_pending()
-        return b""
+    def role(self, event: dict) -> Role:
+        item = event.get("item") or {}
+        if item.get("type") == "reasoning":
+            return Role.HELD
+        return Role.HIDDEN if is_recall_item(item, self.names) else Role.SHOWN
 
-    def finish(self, terminal: dict) -> bytes:
+    def opening(self, event: dict) -> tuple[dict, dict | None]:
+        if not isinstance(event.get("response"), dict):
+            return event, None
+        event = {**event, "response": as_sent(event["response"], self.client_tools)}
+        return event, event["response"]
+
+    def error(self, event: dict) -> dict | None:
+        if event.get("type") != "error":
+            return None
+        return event.get("error") if isinstance(event.get("error"), dict) else event
+
+    encode = staticmethod(encode)
+
+    def closing(self, terminal: dict, first: dict | None, visible: list[dict], usage: dict | None) -> dict:
         """The client's terminal event: the first call's id, every visible item, summed usage."""
         response = as_sent(dict(terminal.get("response") or {}), self.client_tools)
-        if self.first:
+        if first:
             for key in ("id", "created_at"):
-                if key in self.first:
-                    response[key] = self.first[key]
-        response["output"] = list(self.visible)
-        if self.usage is not None:
-            response["usage"] = self.usage
-        return self._out({**terminal, "response": response})
+                if key in first:
+                    response[key] = first[key]
+        response["output"] = list(visible)
+        if usage is not None:
+            response["usage"] = usage
+        return {**terminal, "response": response}
 
 
 def chat_usage(usage) -> dict | None:

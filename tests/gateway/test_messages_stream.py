@@ -1,12 +1,21 @@
-"""The client's view of several upstream Messages streams as one (gateway/messages/stream.py)."""
+"""The client's view of several upstream Messages streams as one (gateway/messages/recall.py over
+the one stream state machine, gateway/pipeline/stream_filter.py)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import orjson
 
-from gateway.messages.stream import MessageStreamFilter, visible_blocks
+from gateway.messages.recall import MessagesRecallStream
+from gateway.messages.stream import visible_blocks
 
 NAMES = ("session_search", "session_load")
+
+
+def turn_stream() -> MessagesRecallStream:
+    """The recall loop's stream for a turn whose view offers the recall tools."""
+    return MessagesRecallStream(SimpleNamespace(view=SimpleNamespace(recall_names=NAMES), chat=SimpleNamespace(body={})))
 
 
 def events(blocks: list[dict], usage: dict, stop: str) -> list[dict]:
@@ -45,7 +54,7 @@ def test_two_rounds_read_as_one_message_without_the_recall_call():
     first = [{"type": "text", "text": "Let me check."}, thinking,
              {"type": "tool_use", "id": "toolu_r", "name": "session_search", "input": {"query": "x"}}]
     second = [{"type": "thinking", "thinking": "answer", "signature": "sig-2"}, {"type": "text", "text": "It is 42."}]
-    relay = MessageStreamFilter(NAMES)
+    relay = turn_stream()
     out = b"".join(relay.feed(e) for e in events(first, usage1, "tool_use"))
     out += relay.end_round(final=False)
     relay.new_round()
@@ -63,8 +72,8 @@ def test_two_rounds_read_as_one_message_without_the_recall_call():
     assert delta["usage"] == {"input_tokens": 40, "output_tokens": 12, "cache_read_input_tokens": 210,
                               "cache_creation_input_tokens": 20}
     assert seen[-1][0] == "message_stop"
-    assert [b["type"] for b in relay.visible] == ["text", "thinking", "text"]
-    assert relay.visible[1]["signature"] == "sig-2"
+    assert [b["type"] for b in relay.filter.visible] == ["text", "thinking", "text"]
+    assert relay.filter.visible[1]["signature"] == "sig-2"
 
 
 def test_visible_blocks_drop_recall_calls_and_the_thinking_bound_to_them():
@@ -76,7 +85,7 @@ def test_visible_blocks_drop_recall_calls_and_the_thinking_bound_to_them():
 
 
 def test_malformed_provider_events_are_read_as_far_as_they_go():
-    relay = MessageStreamFilter(NAMES)
+    relay = turn_stream()
     odd = [{"type": "message_start", "message": []}, {"type": "content_block_start", "index": 0, "content_block": ["x"]},
            {"type": "content_block_delta", "index": 0, "delta": "text"},
            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": 5}},
@@ -84,4 +93,4 @@ def test_malformed_provider_events_are_read_as_far_as_they_go():
            {"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "fine"}},
            {"type": "message_delta", "delta": None, "usage": {"output_tokens": "7"}}, {"type": "message_stop"}]
     out = b"".join(relay.feed(e) for e in odd) + relay.end_round(final=True) + relay.finish()
-    assert b"fine" in out and relay.assembler.stopped
+    assert b"fine" in out and relay.round.stopped

@@ -1,11 +1,15 @@
-"""The client's view of a Responses turn whose upstream calls include recall rounds."""
+"""The client's view of a Responses turn whose upstream calls include recall rounds
+(gateway/responses/recall.py over the one stream state machine, gateway/pipeline/stream_filter.py)."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import orjson
 
 from gateway.http.sse import SSEDecoder
-from gateway.responses.stream import ResponseStreamFilter, visible_output
+from gateway.responses.recall import ResponsesRecallStream
+from gateway.responses.stream import visible_output
 
 NAMES = ("session_search", "session_load")
 
@@ -36,15 +40,16 @@ TEXT = {"type": "message", "id": "msg_1", "role": "assistant", "content": [{"typ
 
 
 def run(rounds: list[list[dict]]) -> list[dict]:
-    relay, chunks = ResponseStreamFilter(NAMES), []
+    turn = SimpleNamespace(view=SimpleNamespace(recall_names=NAMES), chat=SimpleNamespace(body={}))
+    relay, chunks = ResponsesRecallStream(turn), []
     for n, output in enumerate(rounds):
         stream = events(output, f"resp_{n}", {"input_tokens": 10 * (n + 1), "output_tokens": 1, "total_tokens": 10 * (n + 1) + 1})
-        for event in stream[:-1]:
+        for event in stream:
             chunks.append(relay.feed(event))
         final = n == len(rounds) - 1
-        chunks.append(relay.end_round(stream[-1]["response"], final=final))
+        chunks.append(relay.end_round(final=final))
         if final:
-            chunks.append(relay.finish(stream[-1]))
+            chunks.append(relay.finish())
         else:
             relay.new_round()
     return told(chunks)
