@@ -34,6 +34,7 @@ from aiohttp import web
 from pydantic import SecretStr
 
 from gateway.app import create_app
+from gateway.keys import LEDGER, TURNS
 from gateway.settings import ConfigError, SessionSettings, load_settings
 from policies.extraction import values_in
 from policies.prices import CacheUsage, read_usage
@@ -153,10 +154,11 @@ class Outcome:
     billed_series: list[float] = field(default_factory=list)
     compacted: list[int] = field(default_factory=list)
     rejected: list[int] = field(default_factory=list)
+    rewrites: list[int] = field(default_factory=list)
 
     def per_request(self) -> dict[str, Any]:
         return {"upstream_tokens": self.upstream_series, "billed": self.billed_series,
-                "compaction_events": self.compacted, "rejections": self.rejected}
+                "new_summaries": self.compacted, "prefix_rewrites": self.rewrites, "rejections": self.rejected}
 
     def as_json(self) -> dict[str, Any]:
         ratio = round(self.billed / self.billed_direct, 4) if self.billed_direct else None
@@ -264,8 +266,10 @@ async def _profile(http, profile: str, sessions, args, rates, store: str, bar: B
     except ConfigError:
         await puppet.cleanup()
         raise
-    gateway, url = await _start(create_app(settings))
+    app = create_app(settings)
+    gateway, url = await _start(app)
     out = Outcome(profile)
+    receipts: list[str | None] = []
     try:
         for session in sessions:
             checkpoint = None
@@ -283,10 +287,12 @@ async def _profile(http, profile: str, sessions, args, rates, store: str, bar: B
                     out.compaction_events += 1
                     out.compacted.append(out.requests)
                 checkpoint = mark or checkpoint
+                receipts.append(resp.headers.get("x-palimpsest-receipt"))
                 out.requests += 1
                 bar.step(profile)
             last = next((c for c in reversed(calls) if not c.summary), None)
             out.visible.append(_visible(session[-1].body, last.body if last else b""))
+        out.rewrites = _rewrites(app, receipts)
     finally:
         await gateway.cleanup()  # drains summary jobs: their calls are metered before the totals
         await puppet.cleanup()
@@ -297,6 +303,14 @@ async def _profile(http, profile: str, sessions, args, rates, store: str, bar: B
     out.summary_calls = sum(c.summary for c in calls)
     out.billed = sum(billed_units(c.usage, rates) for c in calls)
     return out
+
+
+def _rewrites(app: web.Application, receipts: list[str | None]) -> list[int]:
+    """The requests (in replay order) at which the view plan rewrote the prompt prefix, from the
+    replay gateway's own turn log (the inspector's compaction markers)."""
+    rewrote = {row.receipt for record in app[LEDGER].sessions() for row in app[TURNS].session(record.key)
+               if row.compaction_event and row.receipt}
+    return [i for i, receipt in enumerate(receipts) if receipt in rewrote]
 
 
 def _visible(client_body: dict[str, Any], upstream_body: bytes) -> float:

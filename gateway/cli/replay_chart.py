@@ -3,8 +3,9 @@
 The same kind of chart the inspector draws for a session (``gateway/ops/static/inspector.html``),
 per replayed request and per profile: the client's prompt tokens against what each profile sent
 upstream, and the billed cost of each profile against the client's own requests sent direct,
-with markers where a profile's view took a new checkpoint (a compaction event) and where a
-request was refused. uPlot (vendored in ``gateway/ops/static/``, MIT) and the figures are inlined,
+with markers where a profile's view plan rewrote the prompt prefix (a compaction event, read from
+the replay gateway's own turn log as the inspector reads it), where its view took a new summary,
+and where a request was refused. uPlot (vendored in ``gateway/ops/static/``, MIT) and the figures are inlined,
 so the file opens offline, from disk, with no server and no CDN. The figures are numbers only:
 no message text is written.
 """
@@ -64,7 +65,7 @@ row(["profile", ...keys], "th");
 data.profiles.forEach((p) => row([p.profile, ...keys.map((k) => p[k] == null ? "n/a" : p[k].toLocaleString())], "td"));
 const legend = document.getElementById("legend");
 names.forEach((name, i) => {{ const s = document.createElement("span"); s.className = "swatch"; s.style.borderColor = colors[i];
-  legend.appendChild(s); legend.appendChild(document.createTextNode(name + ": a compaction event (a new summary in the view)")); }});
+  legend.appendChild(s); legend.appendChild(document.createTextNode(name + ": dashed, a compaction event (the prompt prefix was rewritten); dotted, a new summary in the view")); }});
 legend.appendChild(document.createTextNode(" · grey: a new session · red ticks: refused requests"));
 function markers(u) {{
   const ctx = u.ctx, top = u.bbox.top, height = u.bbox.height;
@@ -75,7 +76,8 @@ function markers(u) {{
   }};
   per.session_starts.slice(1).forEach((i) => line(i, "#c3c8d4", [], 1));
   names.forEach((name, k) => {{
-    per.profiles[name].compaction_events.forEach((i) => line(i, colors[k], [5, 4], 2));
+    per.profiles[name].prefix_rewrites.forEach((i) => line(i, colors[k], [5, 4], 2));
+    per.profiles[name].new_summaries.forEach((i) => line(i, colors[k], [1, 3], 3));
     per.profiles[name].rejections.forEach((i) => {{
       const px = Math.round(u.valToPos(i + 1, "x", true));
       ctx.save(); ctx.fillStyle = "#d92d20"; ctx.fillRect(px - 2 * devicePixelRatio, top, 4 * devicePixelRatio, 10 * devicePixelRatio); ctx.restore();
@@ -89,12 +91,13 @@ function chart(id, label, baseline, baselineLabel, series) {{
     scales: {{ x: {{ time: false }} }},
     series: [{{ label: "request" }}, {{ label: baselineLabel, stroke: "#9aa8c7", width: 2 }},
       ...names.map((name, i) => ({{ label: name, stroke: colors[i], width: 2 }}))],
-    axes: [{{ label: "request" }}, {{ label, size: 80 }}],
+    axes: [{{ label: "request", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000] }}, {{ label, size: 80 }}],
     hooks: {{ draw: [markers] }},
     cursor: {{ drag: {{ x: false, y: false }} }},
   }};
   Object.assign(box.dataset, {{ requests: x.length, profiles: names.length,
-    compactions: names.reduce((n, name) => n + per.profiles[name].compaction_events.length, 0) }});
+    compactions: names.reduce((n, name) => n + per.profiles[name].prefix_rewrites.length, 0),
+    summaries: names.reduce((n, name) => n + per.profiles[name].new_summaries.length, 0) }});
   return new uPlot(opts, [x, baseline, ...names.map((name) => per.profiles[name][series])], box);
 }}
 window.replayCharts = [
