@@ -1,7 +1,8 @@
 """``palimpsest replay``: what each policy profile would have billed on a recorded session.
 
-The client's requests (``--from FILE.jsonl``: one request body a line, with its session key and
-wire format) are re-sent in their original order, one profile at a time, through a real gateway
+The client's requests (the configured store's sessions, rebuilt from the ledger and the turn
+log's request forms, or ``--from FILE.jsonl``: one request body a line, with its session key and
+wire format; ``gateway/cli/replay_sources.py``) are re-sent in their original order, one profile at a time, through a real gateway
 (``gateway.app.create_app``, a throw-away store) in front of the built-in simulator
 (``simulator.puppet``, strict, with its prompt cache ``simulator/cache.py``), all in this process on
 loopback: no key, no network. That is why this module imports the simulator (it is allowed to in
