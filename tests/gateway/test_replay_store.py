@@ -172,11 +172,15 @@ async def test_a_tenant_replays_only_its_own_sessions(start_gateway, tmp_path):
         stored_requests(gw.settings, "alice", ["bob-only"])
 
     config = tmp_path / "replay.toml"
-    config.write_text(f'[store]\npath = "{gw.settings.store.path}"\n[tenants]\nalice = "pk-alice"\nbob = "pk-bob"\n')
+    # The deployment's own config: its providers and keys never reach the replay (nothing listens on port 9).
+    config.write_text(f'[store]\npath = "{gw.settings.store.path}"\n[tenants]\nalice = "pk-alice"\nbob = "pk-bob"\n'
+                      '[upstream]\nbase_url = "http://127.0.0.1:9/v1"\napi_key = "sk-operator"\n'
+                      '[upstreams.far]\nbase_url = "http://127.0.0.1:9/v1"\nmodels = ["fake-*"]\n')
     done = _cli("--config", str(config), "--tenant", "alice", "--profiles", "balanced", "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["sessions"] == 1 and result["requests"] == 2 and result["approximate"] == 0
+    assert result["profiles"][0]["rejections"] == 0 and result["profiles"][0]["upstream_prompt_tokens"] > 0
     both = json.loads(_cli("--config", str(config), "--session", "shared-id", "--profiles", "balanced", "--json",
                            cwd=tmp_path).stdout)
     assert both["sessions"] == 2 and both["requests"] == 5  # one id, two tenants: two sessions, never mixed
