@@ -38,16 +38,16 @@ def stored(skeleton: dict[str, Any]) -> tuple[str, dict[str, bytes]]:
     """(the document, its parts by content address) of a format's skeleton."""
     parts: dict[str, bytes] = {}
 
-    def ref(value: Any) -> dict[str, str]:
-        blob = orjson.dumps(value)
+    def ref(blob: bytes) -> dict[str, str]:
         digest = _address(blob)
         parts[digest] = blob
         return {PART: digest}
 
     params = {}
     for key, value in skeleton.get("params", {}).items():
-        params[key] = ref(value) if isinstance(value, (list, dict, str)) and len(orjson.dumps(value)) > INLINE_BYTES else value
-    literals = [[index, ref(element)] for index, element in skeleton.get("literals", ())]
+        blob = orjson.dumps(value) if isinstance(value, (list, dict, str)) else b""
+        params[key] = ref(blob) if len(blob) > INLINE_BYTES else value
+    literals = [[index, ref(orjson.dumps(element))] for index, element in skeleton.get("literals", ())]
     document = {**skeleton, "params": params, "literals": literals}
     return orjson.dumps(document).decode(), parts
 
