@@ -214,3 +214,29 @@ async def test_sessions_recorded_before_request_forms_replay_approximately(start
     assert "11 of them rebuilt approximately" in done.stdout
     result = json.loads(_cli("--config", str(config), "--profiles", "balanced", "--json", cwd=tmp_path).stdout)
     assert result["approximate"] == 11 and result["profiles"][0]["rejections"] == 0
+
+
+async def test_a_chained_responses_request_is_rebuilt_with_the_whole_input(start_gateway):
+    """A request that named a ``previous_response_id`` comes back as the full input the chain
+    stood for: the replay's gateway holds no such response."""
+    gw = await start_gateway()
+    opening = {"model": "fake-32k", "instructions": "You are a build agent.", "tools": TOOLS["responses"],
+               "input": [{"type": "message", "role": "developer", "content": "Prefer small steps."},
+                         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Run the build."}]}]}
+    headers = {"Authorization": "Bearer sk-one", "X-Session-Id": "chain"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(gw.base_url + "/responses", json=opening, headers=headers) as r:
+            answer = await r.json()
+            assert r.status == 200, answer
+        user = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Go on."}]}
+        chained = {"model": "fake-32k", "instructions": "You are a build agent.", "tools": TOOLS["responses"],
+                   "previous_response_id": answer["id"], "input": [user]}
+        async with http.post(gw.base_url + "/responses", json=chained, headers=headers) as r:
+            assert r.status == 200, await r.text()
+    _flush(gw)
+    stored = stored_requests(gw.settings, None, [])
+    assert stored.approximate == 0 and [b for _, _, _, b in stored.requests][0] == opening
+    rebuilt = stored.requests[1][3]
+    assert "previous_response_id" not in rebuilt and rebuilt["instructions"] == chained["instructions"]
+    # The chain's history (the opening's developer message is an instruction of that request, not history), then the new turn.
+    assert rebuilt["input"] == [opening["input"][1], *answer["output"], user]
