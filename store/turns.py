@@ -11,6 +11,12 @@ apart from the ledger so recording never touches the ledger's transactions or it
 are buffered in memory and written in one transaction by ``flush`` (the app calls it every
 ~0.5 s and on close), so the request path only appends to a list.
 
+A row also keeps what of its request the ledger does not hold (the client's system prompt,
+instructions, tools and parameters: ``gateway/pipeline/request_form.py``), so ``palimpsest
+replay`` can rebuild the request; its large values are the session's *request parts*, kept once
+per session by content address. They are conversation text: they live in this file (private to
+the gateway's user, store/private.py), never in a log, and go with the session.
+
 The same file keeps each request's receipt (``gateway/ops/receipts.py``): a JSON document under
 a random id, with the tenant that may read it. Receipts go when their session goes (deletion,
 the retention sweep), so they live exactly as long as the session's retention.
@@ -52,6 +58,12 @@ CREATE TABLE IF NOT EXISTS receipts (
     body        BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS receipts_by_session ON receipts (session_key);
+CREATE TABLE IF NOT EXISTS request_parts (
+    session_key TEXT NOT NULL,
+    digest      TEXT NOT NULL,
+    body        BLOB NOT NULL,
+    PRIMARY KEY (session_key, digest)
+);
 """
 
 
@@ -77,6 +89,10 @@ class TurnBasis:
     receipt: str | None = None  # the request's receipt id (x-palimpsest-receipt)
     compaction_event: bool = False  # the view plan rewrote the prompt prefix at this request
     billed_units: float | None = None  # the request's upstream calls in uncached-input-token units
+    route: str | None = None  # the wire format the client spoke: chat, responses, messages
+    # What of the request the ledger does not hold (gateway/pipeline/request_form.py), its large
+    # values by content address in the session's request parts (`add_parts`); None: not recorded.
+    form: str | None = None
     created: float = field(default_factory=time.time)
 
 
@@ -93,10 +109,11 @@ class StoredReceipt:
 
 _COLUMNS = ("session_key", "node", "answer", "created", "model", "window", "budget", "client_tokens",
             "upstream_tokens", "checkpoint", "recall_calls", "cached_tokens", "uncached_tokens",
-            "cache_write_tokens", "cost_usd", "receipt", "compaction_event", "billed_units")
+            "cache_write_tokens", "cost_usd", "receipt", "compaction_event", "billed_units", "route", "form")
 # Columns added after the first schema: a turn log written before them gains them on open.
 _ADDED = {"cached_tokens": "INTEGER", "uncached_tokens": "INTEGER", "cache_write_tokens": "INTEGER", "cost_usd": "REAL",
-          "receipt": "TEXT", "compaction_event": "INTEGER NOT NULL DEFAULT 0", "billed_units": "REAL"}
+          "receipt": "TEXT", "compaction_event": "INTEGER NOT NULL DEFAULT 0", "billed_units": "REAL",
+          "route": "TEXT", "form": "TEXT"}
 
 
 def _row(basis: TurnBasis) -> tuple:
@@ -122,6 +139,7 @@ class TurnLog:
         # popleft are atomic, so nothing added while a flush runs is lost.
         self._pending: deque[TurnBasis] = deque()
         self._receipts: deque[StoredReceipt] = deque()
+        self._parts: deque[tuple[str, str, bytes]] = deque()  # (session key, digest, body)
         self._lock = threading.Lock()
 
     def add(self, basis: TurnBasis) -> None:
@@ -132,6 +150,18 @@ class TurnLog:
         """Remember one request's receipt; it reaches the disk with the next `flush`."""
         self._receipts.append(receipt)
 
+    def add_parts(self, session_key: str, parts: dict[str, bytes]) -> None:
+        """Remember the session's request parts (content-addressed: a part already kept is kept
+        once); they reach the disk with the next `flush`."""
+        for digest, body in parts.items():
+            self._parts.append((session_key, digest, body))
+
+    def parts(self, session_key: str) -> dict[str, bytes]:
+        """Every request part of the session, by content address."""
+        self.flush()
+        rows = self._db.execute("SELECT digest, body FROM request_parts WHERE session_key = ?", (session_key,))
+        return {digest: bytes(body) for digest, body in rows}
+
     def receipt(self, receipt_id: str) -> StoredReceipt | None:
         self.flush()
         row = self._db.execute("SELECT id, session_key, tenant, body, created FROM receipts WHERE id = ?",
@@ -141,7 +171,8 @@ class TurnLog:
     def flush(self) -> None:
         with self._lock:
             pending, receipts = _drain(self._pending), _drain(self._receipts)
-            if not pending and not receipts:
+            parts = {(key, digest): body for key, digest, body in _drain(self._parts)}  # a part once
+            if not pending and not receipts and not parts:
                 return
             cols = ", ".join(_COLUMNS)
             with self._db:
@@ -151,6 +182,8 @@ class TurnLog:
                 self._db.executemany("INSERT OR REPLACE INTO receipts (id, session_key, tenant, created, body) "
                                      "VALUES (?, ?, ?, ?, ?)",
                                      [(r.id, r.session_key, r.tenant, r.created, r.body) for r in receipts])
+                self._db.executemany("INSERT OR IGNORE INTO request_parts (session_key, digest, body) VALUES (?, ?, ?)",
+                                     [(key, digest, body) for (key, digest), body in parts.items()])
 
     def session(self, session_key: str) -> list[TurnBasis]:
         """Every recorded request of the session, oldest first."""
@@ -158,13 +191,15 @@ class TurnLog:
         rows = self._db.execute(
             f"SELECT {', '.join(_COLUMNS)} FROM turns WHERE session_key = ? ORDER BY created", (session_key,)
         ).fetchall()
-        return [TurnBasis(**{**dict(zip(_COLUMNS, row)), "compaction_event": bool(row[-2])}) for row in rows]
+        at = _COLUMNS.index("compaction_event")
+        return [TurnBasis(**{**dict(zip(_COLUMNS, row)), "compaction_event": bool(row[at])}) for row in rows]
 
     def delete_session(self, session_key: str) -> int:
         """Delete the session's rows and its receipts; the number of rows deleted."""
         self.flush()
         with self._db:
             self._db.execute("DELETE FROM receipts WHERE session_key = ?", (session_key,))
+            self._db.execute("DELETE FROM request_parts WHERE session_key = ?", (session_key,))
             return self._db.execute("DELETE FROM turns WHERE session_key = ?", (session_key,)).rowcount
 
     def close(self) -> None:

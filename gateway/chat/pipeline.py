@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from gateway.chat.request_form import skeleton
 from gateway.chat.adapter import parse_and_hash
 from gateway.chat.fork import summary_fork
 from gateway.chat.recall import RECALL, body_without_recall
@@ -64,6 +65,7 @@ class ChatPipeline(WirePipeline):
     route = "chat"
     path = "/v1/chat/completions"
     recall_format = RECALL
+    request_form = staticmethod(skeleton)  # kept in the turn log for `palimpsest replay`
 
     def parse_and_hash(self, raw: bytes):
         return parse_and_hash(raw)

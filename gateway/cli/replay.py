@@ -1,7 +1,8 @@
 """``palimpsest replay``: what each policy profile would have billed on a recorded session.
 
-The client's requests (``--from FILE.jsonl``: one request body a line, with its session key and
-wire format) are re-sent in their original order, one profile at a time, through a real gateway
+The client's requests (the configured store's sessions, rebuilt from the ledger and the turn
+log's request forms, or ``--from FILE.jsonl``: one request body a line, with its session key and
+wire format; ``gateway/cli/replay_sources.py``) are re-sent in their original order, one profile at a time, through a real gateway
 (``gateway.app.create_app``, a throw-away store) in front of the built-in simulator
 (``simulator.puppet``, strict, with its prompt cache ``simulator/cache.py``), all in this process on
 loopback: no key, no network. That is why this module imports the simulator (it is allowed to in
@@ -31,13 +32,17 @@ from typing import Any, TextIO
 import aiohttp
 import orjson
 from aiohttp import web
+from pydantic import SecretStr
 
 from gateway.app import create_app
-from gateway.settings import ConfigError, load_settings
+from gateway.keys import LEDGER, TURNS
+from gateway.settings import ConfigError, SessionSettings, load_settings
 from policies.extraction import values_in
 from policies.prices import CacheUsage, read_usage
 from simulator.counting import window_for
 from gateway.cli.replay_args import PROFILES, RATES, add_arguments
+from gateway.cli.replay_chart import write_chart
+from gateway.cli.replay_sources import ReplayRequest, load_requests, stored
 from simulator.puppet import create_puppet_app
 
 __all__ = ["PROFILES", "RATES", "ReplayRequest", "add_arguments", "billed_units", "load_requests", "replay", "run_replay"]
@@ -45,13 +50,6 @@ __all__ = ["PROFILES", "RATES", "ReplayRequest", "add_arguments", "billed_units"
 PATHS = {"chat": "/chat/completions", "responses": "/responses", "messages": "/messages"}
 UNLIMITED = 1 << 30
 DEFAULT_WINDOW = 128_000
-
-
-@dataclass(frozen=True, slots=True)
-class ReplayRequest:
-    session: str
-    format: str
-    body: dict[str, Any]
 
 
 @dataclass(slots=True)
@@ -70,36 +68,6 @@ def billed_units(usage: CacheUsage, rates: tuple[float, float]) -> float:
     if usage.cache_write:
         return usage.uncached + usage.cached * read + usage.cache_write * write
     return usage.cached * read + usage.uncached * write
-
-
-def load_requests(path: str) -> list[ReplayRequest]:
-    """One JSON object a line: ``{"session": KEY, "format": "chat"|"responses"|"messages", "body": {...}}``,
-    or the body itself with ``session`` and ``format`` fields beside its own."""
-    out: list[ReplayRequest] = []
-    with open(path, "rb") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = orjson.loads(line)
-            except orjson.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{n}: not JSON ({exc})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{n}: expected a JSON object")
-            body = row.get("body") if isinstance(row.get("body"), dict) else \
-                {k: v for k, v in row.items() if k not in ("session", "format")}
-            fmt, session = row.get("format"), row.get("session")
-            if fmt not in PATHS:
-                raise ValueError(f"{path}:{n}: 'format' has value {fmt!r}: use chat, responses or messages")
-            if not isinstance(session, str) or not session:
-                raise ValueError(f"{path}:{n}: 'session' must be a non-empty string")
-            if not isinstance(body.get("model"), str):
-                raise ValueError(f"{path}:{n}: the body has no 'model'")
-            if body.get("previous_response_id"):
-                # The response it names lived in the recording gateway's store, not in the replay's.
-                raise ValueError(f"{path}:{n}: 'previous_response_id' is set: replay needs each request's full input")
-            out.append(ReplayRequest(session, fmt, body))
-    return out
 
 
 def _meter(calls: list[Call]):
@@ -132,6 +100,26 @@ async def _puppet(calls: list[Call], windows: dict[str, int]) -> tuple[web.AppRu
     return await _start(app)
 
 
+def replay_settings(config: str | None, puppet_url: str, store: str, policy: dict[str, Any], windows: dict[str, int]):
+    """The replay gateway's settings: what decides a view from `config` (its policy, its
+    ``[[policies]]``, its models' prices and APIs, summary and recall tuning) with `policy` on top,
+    and everything that names a provider, a key, a tenant or a store the replay's own, so a replay
+    never reaches the user's provider, embeddings server or store, whatever `config` says."""
+    settings = load_settings(config, upstream={"base_url": puppet_url, "api_key": "", "format": "openai"},
+                             store={"path": store, "url": ""}, policy=policy,
+                             models={m: {"context_window": w} for m, w in windows.items()},
+                             server={"shutdown_timeout_s": 10.0, "client_keys": "off", "admin_token": ""})
+    private = ("summary_base_url", "summary_api_key")
+    return settings.model_copy(update={
+        "upstreams": {}, "tenants": {}, "session": SessionSettings(),
+        "policy": settings.policy.model_copy(update=dict.fromkeys(private)),
+        "policies": [p.model_copy(update={"policy": {k: v for k, v in p.policy.items() if k not in private}})
+                     for p in settings.policies],
+        "recall": settings.recall.model_copy(update={"embeddings_url": "", "embeddings_api_key": SecretStr(""),
+                                                     "index_uri": "", "index_endpoint": ""}),
+    })
+
+
 def _strings(value: Any, out: list[str]) -> list[str]:
     if isinstance(value, str):
         out.append(value)
@@ -160,6 +148,18 @@ class Outcome:
     summary_calls: int = 0
     compaction_events: int = 0
     visible: list[float] = field(default_factory=list)
+    # Per request, in replay order (the --html chart): upstream prompt tokens, billed units (the
+    # summary calls that ran during it included), and the requests that took a new checkpoint or
+    # were refused.
+    upstream_series: list[int] = field(default_factory=list)
+    billed_series: list[float] = field(default_factory=list)
+    compacted: list[int] = field(default_factory=list)
+    rejected: list[int] = field(default_factory=list)
+    rewrites: list[int] = field(default_factory=list)
+
+    def per_request(self) -> dict[str, Any]:
+        return {"upstream_tokens": self.upstream_series, "billed": self.billed_series,
+                "new_summaries": self.compacted, "prefix_rewrites": self.rewrites, "rejections": self.rejected}
 
     def as_json(self) -> dict[str, Any]:
         ratio = round(self.billed / self.billed_direct, 4) if self.billed_direct else None
@@ -193,9 +193,9 @@ class Bar:
 
 def _grouped(requests: list[ReplayRequest]) -> list[list[ReplayRequest]]:
     """Sessions in order of their first request, each session's requests in their order."""
-    sessions: dict[str, list[ReplayRequest]] = {}
+    sessions: dict[tuple[str, str], list[ReplayRequest]] = {}
     for r in requests:
-        sessions.setdefault(r.session, []).append(r)
+        sessions.setdefault((r.tenant, r.session), []).append(r)
     return list(sessions.values())
 
 
@@ -208,7 +208,8 @@ def _prepared(request: ReplayRequest, model: str | None) -> dict[str, Any]:
 
 
 async def _send(http: aiohttp.ClientSession, url: str, request: ReplayRequest, body: dict, bypass: bool) -> aiohttp.ClientResponse:
-    headers = {"Authorization": "Bearer sk-replay-offline", "x-api-key": "sk-replay-offline",
+    key = request.credential()
+    headers = {"Authorization": f"Bearer {key}", "x-api-key": key,
                "anthropic-version": "2023-06-01", "X-Session-Id": request.session}
     if bypass:
         headers["x-palimpsest-bypass"] = "1"
@@ -217,64 +218,100 @@ async def _send(http: aiohttp.ClientSession, url: str, request: ReplayRequest, b
         return resp
 
 
-async def _baseline(http, sessions, model, rates) -> tuple[int, float]:
-    """The client's own bodies straight to a simulator with no window limit: its prompt tokens
-    and its bill (``billed_direct``)."""
+def _slices(calls: list[Call], starts: list[int]) -> list[list[Call]]:
+    """The calls of each request: from its start to the next one's (the last request's to the
+    end: summary jobs drained at the close)."""
+    ends = [*starts[1:], len(calls)]
+    return [calls[a:b] for a, b in zip(starts, ends)]
+
+
+async def _baseline(http, sessions, model, rates) -> tuple[list[int], list[float]]:
+    """The client's own bodies straight to a simulator with no window limit: per request, its
+    prompt tokens and its bill (``client_prompt_tokens``, ``billed_direct``)."""
     calls: list[Call] = []
+    starts: list[int] = []
     models = {(model or r.body["model"]) for s in sessions for r in s}
     runner, url = await _puppet(calls, {m: UNLIMITED for m in models})
     try:
         for session in sessions:
             for r in session:
+                starts.append(len(calls))
                 await _send(http, url, r, _prepared(r, model), False)
     finally:
         await runner.cleanup()
-    return sum(c.usage.prompt for c in calls), sum(billed_units(c.usage, rates) for c in calls)
+    slices = _slices(calls, starts)
+    return ([sum(c.usage.prompt for c in s) for s in slices],
+            [sum(billed_units(c.usage, rates) for c in s) for s in slices])
+
+
+def _windows(sessions, args) -> dict[str, int]:
+    """Each model's window: the one the live gateway recorded or configured (``args.windows``),
+    else the simulator's rule (``fake-<N>k``), else 128k."""
+    models = sorted({(args.model or r.body["model"]) for s in sessions for r in s})
+    known = getattr(args, "windows", None) or {}
+    return {m: known.get(m) or window_for(m, {}, DEFAULT_WINDOW) for m in models}
 
 
 async def _profile(http, profile: str, sessions, args, rates, store: str, bar: Bar) -> Outcome:
     calls: list[Call] = []
+    starts: list[int] = []
     direct = profile == "direct"
-    models = sorted({(args.model or r.body["model"]) for s in sessions for r in s})
-    windows = {m: window_for(m, {}, DEFAULT_WINDOW) for m in models}
+    windows = _windows(sessions, args)
+    models = sorted(windows)
     puppet, puppet_url = await _puppet(calls, {m: UNLIMITED for m in models} if direct else windows)
     policy: dict[str, Any] = dict(args.policy_overrides)
     if not direct:
         policy["profile"] = profile
     try:
-        settings = load_settings(args.config, upstream={"base_url": puppet_url}, store={"path": store},
-                                 policy=policy, models={m: {"context_window": w} for m, w in windows.items()},
-                                 server={"shutdown_timeout_s": 10.0})
+        settings = replay_settings(args.config, puppet_url, store, policy, windows)
     except ConfigError:
         await puppet.cleanup()
         raise
-    gateway, url = await _start(create_app(settings))
+    app = create_app(settings)
+    gateway, url = await _start(app)
     out = Outcome(profile)
+    receipts: list[str | None] = []
     try:
         for session in sessions:
             checkpoint = None
             for r in session:
                 body = _prepared(r, args.model)
                 seen = len(calls)
+                starts.append(seen)
                 resp = await _send(http, url, r, body, direct)
-                out.requests += 1
                 mine = [c for c in calls[seen:] if not c.summary]
                 if resp.status >= 400 or (direct and any(c.usage.prompt > windows[body["model"]] for c in mine)):
                     out.rejections += 1
+                    out.rejected.append(out.requests)
                 mark = resp.headers.get("x-palimpsest-checkpoint")
                 if mark and mark != checkpoint:
                     out.compaction_events += 1
+                    out.compacted.append(out.requests)
                 checkpoint = mark or checkpoint
+                receipts.append(resp.headers.get("x-palimpsest-receipt"))
+                out.requests += 1
                 bar.step(profile)
             last = next((c for c in reversed(calls) if not c.summary), None)
             out.visible.append(_visible(session[-1].body, last.body if last else b""))
+        out.rewrites = _rewrites(app, receipts)
     finally:
         await gateway.cleanup()  # drains summary jobs: their calls are metered before the totals
         await puppet.cleanup()
+    for piece in _slices(calls, starts):
+        out.upstream_series.append(sum(c.usage.prompt for c in piece if not c.summary))
+        out.billed_series.append(round(sum(billed_units(c.usage, rates) for c in piece), 1))
     out.upstream_prompt_tokens = sum(c.usage.prompt for c in calls if not c.summary)
     out.summary_calls = sum(c.summary for c in calls)
     out.billed = sum(billed_units(c.usage, rates) for c in calls)
     return out
+
+
+def _rewrites(app: web.Application, receipts: list[str | None]) -> list[int]:
+    """The requests (in replay order) at which the view plan rewrote the prompt prefix, from the
+    replay gateway's own turn log (the inspector's compaction markers)."""
+    rewrote = {row.receipt for record in app[LEDGER].sessions() for row in app[TURNS].session(record.key)
+               if row.compaction_event and row.receipt}
+    return [i for i, receipt in enumerate(receipts) if receipt in rewrote]
 
 
 def _visible(client_body: dict[str, Any], upstream_body: bytes) -> float:
@@ -291,11 +328,13 @@ def _visible(client_body: dict[str, Any], upstream_body: bytes) -> float:
 
 
 async def replay(requests: list[ReplayRequest], args: argparse.Namespace, err: TextIO = sys.stderr) -> dict[str, Any]:
-    """Replay `requests` for each of ``args.profiles``; the ``--json`` object."""
+    """Replay `requests` for each of ``args.profiles``: the ``--json`` object, and under
+    ``per_request`` the figures of each request in replay order (what ``--html`` draws)."""
     rates = RATES[args.rates]
     sessions = _grouped(requests)
     bar = Bar(len(requests) * len(args.profiles), err)
     results = []
+    per_profile: dict[str, Any] = {}
     timeout = aiohttp.ClientTimeout(total=600)
     try:
         async with aiohttp.ClientSession(timeout=timeout, trust_env=False) as http:
@@ -306,15 +345,26 @@ async def replay(requests: list[ReplayRequest], args: argparse.Namespace, err: T
                     outcome = await _profile(http, profile, sessions, args, rates, store, bar)
                 finally:
                     shutil.rmtree(store, ignore_errors=True)
-                outcome.client_prompt_tokens, outcome.billed_direct = client_tokens, billed_direct
+                outcome.client_prompt_tokens, outcome.billed_direct = sum(client_tokens), sum(billed_direct)
                 results.append(outcome.as_json())
+                per_profile[profile] = outcome.per_request()
     finally:
         bar.close()
-    return {"sessions": len(sessions), "requests": len(requests), "profiles": results}
+    starts, n = [], 0
+    for session in sessions:
+        starts.append(n)
+        n += len(session)
+    return {"sessions": len(sessions), "requests": len(requests),
+            "approximate": getattr(args, "approximate", 0), "profiles": results,
+            "per_request": {"session_starts": starts, "client_tokens": client_tokens,
+                            "billed_direct": [round(b, 1) for b in billed_direct], "profiles": per_profile}}
 
 
 def render(result: dict[str, Any]) -> str:
     lines = [f"{result['sessions']} sessions, {result['requests']} requests replayed against the SIMULATED upstream"]
+    if result.get("approximate"):
+        lines.append(f"{result['approximate']} of them rebuilt approximately (recorded before request forms were kept: "
+                     "no system prompt, tools or parameters)")
     for p in result["profiles"]:
         lines += ["", f"profile {p['profile']}"]
         for key in ("requests", "client_prompt_tokens", "upstream_prompt_tokens", "billed", "billed_direct",
@@ -339,13 +389,17 @@ def run_replay(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO =
             print(f"palimpsest replay: --policy has value '{item}': use KEY=VALUE", file=err)
             return 2
         args.policy_overrides[key.strip()] = value.strip()
+    if args.source and (args.tenant or args.sessions):
+        print("palimpsest replay: --tenant and --session choose stored sessions; they do not apply with --from", file=err)
+        return 2
     try:
-        requests = load_requests(args.source)
-    except (OSError, ValueError) as exc:
+        requests = load_requests(args.source) if args.source else stored(args)
+    except (OSError, ValueError, LookupError, ConfigError) as exc:
         print(f"palimpsest replay: {exc}", file=err)
         return 2
     if not requests:
-        print(f"palimpsest replay: {args.source} has no requests", file=err)
+        print(f"palimpsest replay: {args.source or 'the store'} has no requests" +
+              (" (for the --tenant/--session given)" if not args.source and (args.tenant or args.sessions) else ""), file=err)
         return 2
     started = time.perf_counter()
     try:
@@ -353,9 +407,14 @@ def run_replay(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO =
     except ConfigError as exc:
         print(f"palimpsest replay: {exc}", file=err)
         return 2
+    if args.html:
+        write_chart(args.html, result, args.rates)
+    per_request = result.pop("per_request")
     if args.json:
         out.write(orjson.dumps(result).decode() + "\n")
     else:
         print(render(result), file=out)
         print(f"\n{result['requests'] * len(args.profiles)} requests in {time.perf_counter() - started:.1f}s", file=out)
+        if args.html:
+            print(f"chart of {len(per_request['client_tokens'])} requests written to {args.html}", file=out)
     return 0

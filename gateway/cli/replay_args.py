@@ -18,8 +18,13 @@ RATES: dict[str, tuple[float, float]] = {"openai": (0.1, 1.0), "openai-write": (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="TOML settings file (its policy and overrides apply to each profile).")
-    parser.add_argument("--from", dest="source", required=True, metavar="FILE.jsonl",
-                        help="Request bodies, one a line, each with 'session' and 'format' (chat, responses, messages).")
+    parser.add_argument("--from", dest="source", metavar="FILE.jsonl",
+                        help="Request bodies, one a line, each with 'session' and 'format' (chat, responses, messages); "
+                        "without it, the configured store's sessions.")
+    parser.add_argument("--tenant", help="Without --from: only this tenant's stored sessions.")
+    parser.add_argument("--session", dest="sessions", action="append", default=[], metavar="KEY",
+                        help="Without --from: this stored session (key tenant/hash, or session id); repeatable.")
+    parser.add_argument("--html", metavar="FILE", help="Also write the per-request chart of the profiles as one offline HTML file.")
     parser.add_argument("--profiles", default=",".join(PROFILES), help="Comma-separated: balanced, economy, fidelity, direct.")
     parser.add_argument("--policy", action="append", default=[], metavar="KEY=VALUE", help="A [policy] setting for every profile.")
     parser.add_argument("--model", help="Send every request as this model (its window decides).")

@@ -28,6 +28,7 @@ import copy
 import orjson
 from aiohttp import web
 
+from gateway.messages.request_form import skeleton
 from gateway.pipeline.turn import Turn
 from gateway.messages import adapter as fmt
 from gateway.messages.chat_upstream import MessagesChatUpstream
@@ -76,6 +77,7 @@ class MessagesPipeline(WirePipeline):
     credentials = CREDENTIALS
     through_chat = MessagesChatUpstream  # a model configured with api = "chat" (Claude Code on any model)
     recall_format = RECALL
+    request_form = staticmethod(skeleton)  # kept in the turn log for `palimpsest replay`
 
     def __init__(self, **parts) -> None:
         super().__init__(**parts)

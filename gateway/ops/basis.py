@@ -13,7 +13,7 @@ from store.turns import TurnBasis
 
 
 def of_turn(turn: Any, answer: Any, cost_usd: float | None = None, *, compaction_event: bool = False,
-            billed_units: float | None = None) -> TurnBasis:
+            billed_units: float | None = None, form: str | None = None) -> TurnBasis:
     """The basis of a ``gateway.pipeline.turn.Turn`` whose answer was recorded as event `answer`."""
     view = turn.view
     billed = turn.billed  # what the provider said it cached, over the turn's upstream calls
@@ -24,4 +24,5 @@ def of_turn(turn: Any, answer: Any, cost_usd: float | None = None, *, compaction
         recall_calls=turn.recall_calls, cached_tokens=billed.cached if billed else None,
         uncached_tokens=billed.uncached if billed else None, cache_write_tokens=billed.cache_write if billed else None,
         cost_usd=cost_usd, receipt=turn.receipt, compaction_event=compaction_event, billed_units=billed_units,
+        route=turn.route, form=form,
     )

@@ -102,6 +102,8 @@ class WirePipeline:
 
     # The format's translation for a chat-only model (a ``chat_transport.ChatTransport``), or None.
     through_chat = None
+    # The format's ``request_form.skeleton`` (what of a request the ledger does not hold), or None.
+    request_form = None
 
     def wire_count(self, turn: Turn) -> int | None:
         """The prompt tokens of the turn's first upstream body as this format's adapter reads it
@@ -178,7 +180,8 @@ class WirePipeline:
     def turn(self, request: web.Request, chat, ref: SessionRef | None, timing: Timing, view: View, auth,
              bypass: str | None = None) -> Turn:
         turn = Turn(chat, ref, request[MODEL], timing, view, auth=auth, route=self.route, bypass=bypass,
-                    wire_count=self.wire_count, upstream=request.get(UPSTREAM_NAME, DEFAULT_UPSTREAM),
+                    wire_count=self.wire_count, request_form=self.request_form,
+                    upstream=request.get(UPSTREAM_NAME, DEFAULT_UPSTREAM),
                     fork=self.forker(request))
         turn.headers["x-request-id"] = request.get(REQUEST_ID, "")
         if ref is not None:

@@ -16,6 +16,7 @@ from typing import Callable
 
 from gateway.pipeline.fork import Forker
 from gateway.pipeline.request import ChatRequest
+from gateway.pipeline.request_form import stored as stored_form
 from gateway.pipeline.views import View
 from gateway.http.errors import GatewayError, UpstreamTimeout
 from gateway.ops.basis import of_turn as request_basis
@@ -119,6 +120,9 @@ class Turn:
     # The format's count of its first upstream body as re-read by its adapter (None: the same as the
     # neutral view's); set by a format whose wire form merges items (Messages' system blocks).
     wire_count: Callable[["Turn"], int | None] | None = None
+    # The format's skeleton of the client's request beside its history (gateway/pipeline/request_form.py),
+    # kept in the turn log so `palimpsest replay` can rebuild the request from the store.
+    request_form: Callable[[ChatRequest], dict] | None = None
 
 
 class TurnRecorder:
@@ -151,9 +155,23 @@ class TurnRecorder:
         cost = price.cost(turn.billed) if price is not None and turn.billed is not None else None
         rates = cost_rates(turn.view.policy) if turn.view.policy is not None else None
         self.turns.add(request_basis(turn, event, cost, compaction_event=compaction_event_here(turn.view.notes),
-                                     billed_units=billed_units(turn.billed, rates)))  # what inspect shows (store/turns.py)
+                                     billed_units=billed_units(turn.billed, rates),
+                                     form=self.request_form(turn)))  # what inspect shows, replay rebuilds (store/turns.py)
         if turn.view.messages is not None:
             self.indexer.schedule(turn.ref.key)  # sessions that hide history will search it
+
+    def request_form(self, turn: Turn) -> str | None:
+        """The turn's request form for the turn log, its parts kept for the session; None when
+        the format keeps none or it failed (a replay then rebuilds the request approximately)."""
+        if turn.request_form is None or turn.ref is None:
+            return None
+        try:
+            document, parts = stored_form(turn.request_form(turn.chat))
+            self.turns.add_parts(turn.ref.key, parts)
+        except Exception as exc:
+            log.warning("keeping a request form failed", extra={"fields": {"session": turn.ref.key, "error": type(exc).__name__}})
+            return None
+        return document
 
     async def side_events(self, turn: Turn, messages: list[dict]) -> None:
         """The recall loop's calls and results, hung off the request's last message. Best

@@ -22,6 +22,7 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
+from gateway.responses.request_form import skeleton
 from gateway.pipeline.turn import Turn
 from gateway.responses import adapter as fmt
 from gateway.pipeline.pipeline import StreamWatch, WirePipeline
@@ -62,6 +63,7 @@ class ResponsesPipeline(WirePipeline):
     path = PATH
     through_chat = ChatUpstream  # a model configured with api = "chat"
     recall_format = RECALL
+    request_form = staticmethod(skeleton)  # kept in the turn log for `palimpsest replay`
 
     def __init__(self, *, response_ids: ResponseIdStore, compactor, **parts) -> None:
         super().__init__(**parts)
