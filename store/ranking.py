@@ -101,7 +101,7 @@ class Ranking:
     # query's own leg, an entity outvoted what the question's words matched: the best match of
     # an id the summary put next to the word "file" scored 1.0 and the event holding the answer
     # to "which file holds the migration?" came second.
-    expansion_weight: float = 0.5
+    expansion_weight: float = 1.0
 
 
 # A real sentence model's cosines carry meaning (unrelated texts sit near 0-0.2, paraphrases
