@@ -140,7 +140,8 @@ def venv_version(venv: Path, dist: str) -> str:
 def start_puppet(work: Path) -> Target:
     port = free_port()
     proc = spawn([sys.executable, "-m", "simulator.puppet", "--port", str(port),
-                  "--keep-received", "50"], work / "puppet.log", cwd=REPO)
+                  "--keep-received", "50",
+                  "--model", f"{MODEL}=1000000" if MODEL.endswith("-1000k") else MODEL], work / "puppet.log", cwd=REPO)
     return Target("direct", f"http://127.0.0.1:{port}/v1", proc, version="puppet (simulated)")
 
 
@@ -298,10 +299,13 @@ def _history(api: str, kb: int) -> list[dict]:
 
 
 def padded_body(api: str, i: int, kb: int) -> bytes:
+    """Round 0's opening, the shared history, then round `i`'s last exchange: every request
+    resends the same prefix, as an agent does, so the session stays on one ledger branch."""
     body = json.loads(API[api][1](i))
     key = "input" if api == "responses" else "messages"
     first = 1 if api == "chat" else 0  # after chat's system message
-    body[key] = [*body[key][:first + 1], *_history(api, kb), *body[key][first + 1:]]
+    opening = json.loads(API[api][1](0))[key][:first + 1]
+    body[key] = [*opening, *_history(api, kb), *body[key][first + 1:]]
     return json.dumps(body).encode()
 
 
@@ -531,10 +535,14 @@ def main(argv: list[str] | None = None) -> None:
                         help="the route measured: chat completions, or the Responses API (peers may not serve it)")
     parser.add_argument("--body-kb", type=int, default=0,
                         help="pad each request with an agent history of about this many KB (one session per target)")
+    parser.add_argument("--model", help="the model every target asks for (default gpt-bench; with --body-kb, "
+                        "gpt-bench-1000k, whose 1M window the simulated upstream reads from the name, so a big "
+                        "history is measured passing through rather than refused or compacted)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the work dir with logs")
     args = parser.parse_args(argv)
-    global BODY_KB
+    global BODY_KB, MODEL
     BODY_KB = args.body_kb
+    MODEL = args.model or ("gpt-bench-1000k" if args.body_kb else MODEL)
     with contextlib.suppress(ImportError):
         import uvloop  # a faster loop keeps the load generator out of the way
 

@@ -11,7 +11,8 @@ import orjson
 
 from gateway.chat import shape
 from gateway.pipeline.request import ChatRequest, json_object
-from store.canonical import is_instruction, path_ids
+from gateway.pipeline.history_ids import history_ids
+from store.canonical import is_instruction
 
 
 def parse_chat_request(raw: bytes) -> ChatRequest:
@@ -35,4 +36,4 @@ def chat_request(body: dict, raw: bytes | None = None) -> ChatRequest:
 def parse_and_hash(raw: bytes) -> tuple[ChatRequest, list[str]]:
     """The parsed request and its history's content addresses (``path_ids``)."""
     chat = parse_chat_request(raw)
-    return chat, path_ids(chat.history) if chat.history else []
+    return chat, history_ids(chat.history, len(raw))

@@ -8,6 +8,11 @@ and what the gateway did in between; then the agent asks about a fact planted ea
 session, whose turn the upstream no longer sees, and the gateway recalls it from the ledger
 (session_search, session_load) without the client noticing.
 
+Then the same session runs again in the holdout's other arm (``[policy] holdout_share``,
+policies/holdout.py): a session the gateway sends as direct, untouched while it fits and its
+oldest rounds cut when it does not. The two arms are printed side by side from the gateway's
+``palimpsest_arm_*`` counters, as the dashboard's holdout row compares them on real traffic.
+
 The numbers come from the gateway's own response headers and its Prometheus registry, so they
 are the ones a dashboard would show.
 """
@@ -31,7 +36,9 @@ from gateway.ops.logs import setup_logging
 from simulator.puppet import RECEIVED, SIMULATED_NOTICE, start_puppet
 from gateway.settings import ConfigError, load_settings
 from gateway.keys import COUNTER, METRICS
+from policies.holdout import COMPACTED, HOLDOUT, arm
 from simulator.workloads import TOOL_SPECS, Fact, SyntheticSession, synthetic_session
+from store.records import SessionRef
 
 __all__ = ["run_demo"]
 
@@ -46,6 +53,9 @@ PROFILE = "economy"
 DIRECTIVE = re.compile(r"\s*\[\[(?:call|parallel|fail|sleep|stall)\b.*?\]\]", re.S)
 SESSION_ID = "demo-agent"
 CLIENT_KEY = "sk-demo-offline"  # the puppet accepts any key; nothing leaves this machine
+TENANT = "demo"
+# Half the sessions in each arm; the demo names one session of each (`session_in`).
+HOLDOUT_SHARE = 0.5
 BAR_WIDTH = 30
 
 
@@ -168,7 +178,8 @@ async def _start_gateway(upstream_url: str, store: str) -> tuple[web.AppRunner, 
         upstream={"base_url": upstream_url},
         store={"path": store},
         models={MODEL: {"context_window": WINDOW}},
-        policy={"profile": PROFILE},
+        policy={"profile": PROFILE, "holdout_share": HOLDOUT_SHARE},
+        tenants={TENANT: CLIENT_KEY},
         server={"shutdown_timeout_s": 10.0},
     )
     app = create_app(settings)
@@ -199,20 +210,22 @@ async def _demo(rounds: int, store: str, out: TextIO, err: TextIO) -> int:
         print(f"            policy profile {PROFILE}: summaries early, so a short session shows them", file=out)
         print(f"  agent     official openai SDK replaying a bundled {rounds}-round coding session", file=out)
         print("            (each round: a user step, a tool call, a 300-2,500 token tool result, an answer)\n", file=out)
-        # trust_env=False: an HTTP(S)_PROXY in the environment must not capture loopback calls.
-        client = openai.AsyncOpenAI(base_url=gateway_url, api_key=CLIENT_KEY, max_retries=0, timeout=60,
-                                    default_headers={"X-Session-Id": SESSION_ID},
-                                    http_client=openai.DefaultAsyncHttpxClient(trust_env=False))
         try:
-            async with client:
+            async with _client(openai, gateway_url, session_in(COMPACTED)) as client:
                 history = await _replay(client, session, app, out, err)
                 recalled = await _recall(client, session, history, puppet.app[RECEIVED], out)
+            async with _client(openai, gateway_url, session_in(HOLDOUT)) as client:
+                history = await _replay(client, session, app, out, err, table=False)
+                held_out_recalled = await _ask(client, session, history)
         except openai.APIError as exc:
             print(f"\npalimpsest demo: the gateway answered with an error: {exc}", file=err)
             return 1
         await gateway.cleanup()  # drains summary jobs, so the totals below are final
         gateway = None
-        _totals(Counters(app), out, time.perf_counter() - started)
+        counters = Counters(app)
+        _totals(counters, out)
+        _arms(counters, out, recalled, held_out_recalled)
+        print(f"\nwall time {time.perf_counter() - started:.1f}s, both sessions (upstream SIMULATED: no model was called)", file=out)
         return 0 if recalled else 1
     finally:
         if gateway is not None:
@@ -220,15 +233,36 @@ async def _demo(rounds: int, store: str, out: TextIO, err: TextIO) -> int:
         await puppet.cleanup()
 
 
-async def _replay(client, session: SyntheticSession, app: web.Application, out: TextIO, err: TextIO) -> list[dict]:
+def session_in(wanted: str) -> str:
+    """A session id of the demo's tenant that the holdout puts in arm `wanted`: the first of
+    SESSION_ID, SESSION_ID-2, ... (deterministic: policies/holdout.py hashes the session)."""
+    n = 1
+    while True:
+        session_id = SESSION_ID if n == 1 else f"{SESSION_ID}-{n}"
+        if arm(SessionRef(TENANT, session_id).key, HOLDOUT_SHARE) == wanted:
+            return session_id
+        n += 1
+
+
+def _client(openai, gateway_url: str, session_id: str):
+    # trust_env=False: an HTTP(S)_PROXY in the environment must not capture loopback calls.
+    return openai.AsyncOpenAI(base_url=gateway_url, api_key=CLIENT_KEY, max_retries=0, timeout=60,
+                              default_headers={"X-Session-Id": session_id},
+                              http_client=openai.DefaultAsyncHttpxClient(trust_env=False))
+
+
+async def _replay(client, session: SyntheticSession, app: web.Application, out: TextIO, err: TextIO,
+                  table: bool = True) -> list[dict]:
     """Play the session like an agent: per round, the user asks, the model calls a tool, the
-    tool's output goes back, the model answers. One table row per round (its last request)."""
+    tool's output goes back, the model answers. With `table`, one row per round (its last
+    request), else only the progress bar."""
     counters, counter = Counters(app), app[COUNTER]
     history: list[dict] = [{"role": "system", "content": session.system}]
     progress = Progress(len(session.rounds), err)
-    print(TABLE_HEADER, file=out)
-    print("-" * 78, file=out)
-    out.flush()
+    if table:
+        print(TABLE_HEADER, file=out)
+        print("-" * 78, file=out)
+        out.flush()
     progress.update(0)
     checkpoint = None
     for turn, spec in enumerate(session.rounds, 1):
@@ -253,8 +287,9 @@ async def _replay(client, session: SyntheticSession, app: web.Application, out: 
         row = Row(turn, sent, upstream, events)
         checkpoint = seen or checkpoint
         progress.clear()
-        print(row.render(), file=out)
-        out.flush()
+        if table:
+            print(row.render(), file=out)
+            out.flush()
         progress.update(turn)
     if progress.tty:
         err.write("\n")
@@ -294,6 +329,16 @@ async def _recall(client, session: SyntheticSession, history: list[dict], receiv
         return True
     print(f"  NOT recalled: expected {fact.answer!r} in the answer.", file=out)
     return False
+
+
+async def _ask(client, session: SyntheticSession, history: list[dict]) -> bool | None:
+    """The recall question in the other arm, quietly: whether its answer has the fact (None: no fact)."""
+    fact = session.facts[0] if session.facts else None
+    if fact is None:
+        return None
+    history.append({"role": "user", "content": f"RECALL: {fact.question}"})
+    answer = (await client.chat.completions.create(model=MODEL, messages=history, tools=TOOL_SPECS)).choices[0].message.content
+    return fact.answer in (answer or "")
 
 
 VERBATIM, SUMMARISED, ABSENT = "verbatim", "summary", "absent"
@@ -339,21 +384,45 @@ def _excerpt(text: str, needle: str, width: int = 90) -> str:
     return ("… " if start else "") + text[start:end] + (" …" if end < len(text) else "")
 
 
-def _totals(counters: Counters, out: TextIO, elapsed: float) -> None:
-    client = counters.get("palimpsest_client_prompt_tokens_total", model=MODEL)
-    upstream = counters.get("palimpsest_upstream_prompt_tokens_total", model=MODEL)
+def _totals(counters: Counters, out: TextIO) -> None:
+    # The first session's figures: the compacted arm's (the holdout session after it has its own table).
+    client = counters.get("palimpsest_arm_prompt_tokens_total", arm=COMPACTED, side="client")
+    upstream = counters.get("palimpsest_arm_prompt_tokens_total", arm=COMPACTED, side="upstream")
     summary_calls = int(counters.get("palimpsest_summary_llm_duration_seconds_count"))
     checkpoints = int(counters.get("palimpsest_summary_checkpoints_created_total", mode="async")
                       + counters.get("palimpsest_summary_checkpoints_created_total", mode="sync"))
     overhead = counters.get("palimpsest_overhead_tokens_total", purpose="summary") \
         + counters.get("palimpsest_overhead_tokens_total", purpose="recall")
     saved = client - upstream
-    print("\nTotals over every request of the session (as exported on /metrics):", file=out)
+    print("\nTotals over every request of the session above (as exported on /metrics):", file=out)
     print(f"  client prompt tokens    {int(client):>12,}", file=out)
     print(f"  upstream prompt tokens  {int(upstream):>12,}   saved {int(saved):,} ({_ratio(saved, client)})", file=out)
     print(f"  summary calls           {summary_calls:>12,}   ({checkpoints} checkpoints, {int(overhead):,} tokens spent on them)", file=out)
     print(f"  net saving              {int(saved - overhead):>12,}   ({_ratio(saved - overhead, client)} of the client's prompt tokens)", file=out)
-    print(f"  wall time               {elapsed:>11.1f}s   (upstream SIMULATED: no model was called)", file=out)
+
+
+ARMS_HEADER = f"{'arm':<10}  {'requests':>8}  {'client prompt':>13}  {'upstream prompt':>15}  {'billed':>11}  {'rejected':>8}  {'recall':>6}  fact"
+
+
+def _arms(counters: Counters, out: TextIO, recalled: bool, held_out_recalled: bool | None) -> None:
+    """The two arms side by side, from the holdout's counters (the dashboard's holdout row)."""
+    print("\nThe holdout: the same session again, in the arm sent as direct (untouched while it fits,", file=out)
+    print(f"its oldest rounds cut when it does not), [policy] holdout_share = {HOLDOUT_SHARE}:", file=out)
+    print(ARMS_HEADER, file=out)
+    print("-" * len(ARMS_HEADER), file=out)
+    billed: dict[str, float] = {}
+    for name in (COMPACTED, HOLDOUT):
+        requests = sum(counters.get("palimpsest_arm_requests_total", arm=name, status=status) for status in ("200", "400"))
+        billed[name] = counters.get("palimpsest_arm_billed_units_total", arm=name, what="billed")
+        fact = recalled if name == COMPACTED else held_out_recalled
+        print(f"{name:<10}  {int(requests):>8,}  "
+              f"{int(counters.get('palimpsest_arm_prompt_tokens_total', arm=name, side='client')):>13,}  "
+              f"{int(counters.get('palimpsest_arm_prompt_tokens_total', arm=name, side='upstream')):>15,}  "
+              f"{int(billed[name]):>11,}  {int(counters.get('palimpsest_arm_context_rejections_total', arm=name)):>8,}  "
+              f"{int(counters.get('palimpsest_arm_recall_calls_total', arm=name)):>6,}  "
+              f"{'n/a' if fact is None else 'recalled' if fact else 'lost'}", file=out)
+    print("  billed: every upstream call (summaries count to compacted) in uncached input tokens, with the", file=out)
+    print(f"  provider cache priced by the model's rule. compacted / holdout: {_ratio(billed[COMPACTED], billed[HOLDOUT])}", file=out)
 
 
 def _ratio(part: float, whole: float) -> str:

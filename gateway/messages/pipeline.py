@@ -38,7 +38,7 @@ from gateway.http.gate import tenant_of
 from gateway.messages.recall import RECALL
 from gateway.messages.stream import MessageAssembler, answer_of, chat_usage, encode
 from gateway.ops.readonly import NoMetrics, NoSummaries
-from store.canonical import path_ids
+from gateway.pipeline.history_ids import history_ids
 
 ROUTE = "messages"
 PATH = "/v1/messages"
@@ -47,7 +47,7 @@ CREDENTIALS = ("Authorization", "api-key", "x-api-key")
 
 def parse_and_hash(raw: bytes):
     chat = fmt.parse_messages_request(raw)
-    return chat, path_ids(chat.history) if chat.history else []
+    return chat, history_ids(chat.history, len(raw))
 
 
 def upstream_path(request: web.Request) -> str:

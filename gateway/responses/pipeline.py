@@ -35,6 +35,7 @@ from gateway.responses.fork import summary_fork as responses_fork
 from gateway.responses.recall import RECALL
 from gateway.responses.stream import TERMINAL, answer_of, chat_usage, encode
 from store import call as store_call
+from gateway.pipeline.history_ids import history_ids
 from store.canonical import event_id, path_ids
 from store.records import SessionRef
 from store.interfaces import ResponseIdStore
@@ -45,7 +46,7 @@ PATH = "/v1/responses"
 
 def parse_and_hash(raw: bytes):
     chat = fmt.parse_responses_request(raw)
-    return chat, path_ids(chat.history) if chat.history else []
+    return chat, history_ids(chat.history, len(raw))
 
 
 class ResponsesWatch(StreamWatch):

@@ -12,6 +12,11 @@ from pathlib import Path
 from simulator.workloads import synthetic_session
 
 ROW = re.compile(r"^ *(\d+) +([\d,]+) +([\d,]+) +(\d+)% *(.*)$", re.M)
+ARM = re.compile(r"^(compacted|holdout) +([\d,]+) +([\d,]+) +([\d,]+) +([\d,]+) +([\d,]+) +([\d,]+) +(\w+/?\w*)$", re.M)
+
+
+def client_total(out: str) -> int:
+    return int(re.search(r"client prompt tokens\s+([\d,]+)", out).group(1).replace(",", ""))
 
 
 def run_demo(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -41,11 +46,22 @@ def test_demo_replays_a_long_session_and_recalls_an_early_fact():
     assert re.search(r"answered its 1 recall call \(session_search\) from the ledger\.$", said), said
     assert re.search(r"summary calls\s+[1-9]", out)
     assert re.search(r"client prompt tokens\s+[\d,]+", out) and re.search(r"upstream prompt tokens\s+[\d,]+", out)
+    # Both arms of the holdout, the same session each: the holdout arm is sent as direct (no
+    # summaries, no recall tools, its oldest rounds cut), and the compacted arm bills less.
+    arms = {m.group(1): [int(x.replace(",", "")) for x in m.groups()[1:7]] + [m.group(8)] for m in ARM.finditer(out)}
+    assert set(arms) == {"compacted", "holdout"}, out
+    compacted, holdout = arms["compacted"], arms["holdout"]
+    assert compacted[0] == holdout[0] == 2 * 25 + 1  # two requests a round and the recall question
+    assert compacted[1] == client_total(out)  # the totals above are the compacted session's
+    assert holdout[5] == 0 and compacted[5] >= 1  # recall calls: none in the holdout
+    assert compacted[4] == holdout[4] == 0  # rejections
+    assert 0 < compacted[3] < holdout[3], "the compacted arm bills less than the one sent as direct"
+    assert compacted[6] == "recalled" and holdout[6] in ("recalled", "lost")
     # The progress bar goes to stderr, finished; stdout stays a clean table.
     assert "25/25 rounds" in done.stderr and "rounds" not in "".join(l for l in out.splitlines() if ROW.match(l))
     assert "Traceback" not in done.stderr
     # Not a terminal: one progress line at the end, none between the rows (2>&1 stays a table).
-    assert [l for l in done.stderr.splitlines() if "rounds" in l] == ["[" + "#" * 30 + "] 25/25 rounds"]
+    assert [l for l in done.stderr.splitlines() if "rounds" in l] == ["[" + "#" * 30 + "] 25/25 rounds"] * 2  # one per arm
     # The answer line quotes the recalled message without the simulator's directives.
     answer = next(l for l in out.splitlines() if l.strip().startswith("answer:"))
     assert "[[" not in answer and fact.answer in answer

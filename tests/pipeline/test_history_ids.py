@@ -1,0 +1,78 @@
+"""The history-id memo returns exactly what hashing from scratch returns, and reuses the work
+of the previous big request when an agent resends its history."""
+
+from __future__ import annotations
+
+import random
+
+from gateway.pipeline.history_ids import HistoryIds
+from store.canonical import path_ids
+
+BIG = 1 << 20
+
+
+def history(seed: int, n: int) -> list[dict]:
+    rng = random.Random(seed)
+    out: list[dict] = []
+    for i in range(n):
+        if i % 3 == 0:
+            out.append({"role": "user", "content": f"step {i}: {rng.random()}"})
+        elif i % 3 == 1:
+            out.append({"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"c{i}", "type": "function", "function": {"name": "shell", "arguments": f'{{"n": {i}}}'}}]})
+        else:
+            out.append({"role": "tool", "tool_call_id": f"c{i - 1}", "content": "x" * rng.randint(1, 50)})
+    return out
+
+
+def test_same_ids_as_hashing_from_scratch_whatever_came_before():
+    memo = HistoryIds(min_bytes=0)
+    base = history(1, 60)
+    cases = [
+        base,
+        [*base, {"role": "user", "content": "one more"}],  # the agent's next step
+        base[:40],  # a shorter resend
+        [*base[:20], {"role": "user", "content": "edited"}, *base[21:]],  # a message changed mid-way
+        history(2, 60),  # another conversation
+        [{**base[0]}, *base[1:], {"role": "assistant", "content": "done"}],  # equal copies, not the same objects
+    ]
+    for case in cases:
+        assert memo.ids(case, BIG) == path_ids(case)
+
+
+def test_a_resent_history_is_not_hashed_again():
+    memo = HistoryIds(min_bytes=0)
+    base = history(3, 100)
+    memo.ids(base, BIG)
+    assert memo.reused == 0
+    nxt = [*[dict(m) for m in base], {"role": "user", "content": "next"}]
+    assert memo.ids(nxt, BIG) == path_ids(nxt)
+    assert memo.reused == 100
+    changed = [*nxt[:50], {"role": "user", "content": "forked here"}, *nxt[51:]]
+    assert memo.ids(changed, BIG) == path_ids(changed)
+    assert memo.reused == 150  # only the 50 equal messages before the change
+
+
+def test_small_bodies_are_hashed_and_not_remembered():
+    memo = HistoryIds(min_bytes=1000)
+    base = history(4, 30)
+    for _ in range(3):
+        assert memo.ids(base, 10) == path_ids(base)
+    assert memo.reused == 0 and memo._bytes == 0
+
+
+def test_the_memo_stays_within_its_budget():
+    memo = HistoryIds(min_bytes=0, budget_bytes=3000)
+    for seed in range(20):
+        h = history(100 + seed, 10)
+        assert memo.ids(h, 1000) == path_ids(h)
+        assert memo._bytes <= 3000
+    assert len(memo._recent) == 3
+    # A body over the whole budget is hashed but not kept.
+    h = history(999, 10)
+    assert memo.ids(h, 5000) == path_ids(h)
+    assert memo._bytes <= 3000
+
+
+def test_empty_history():
+    assert HistoryIds(min_bytes=0).ids([], BIG) == []
