@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import anthropic  # noqa: E402
 from aiohttp import web  # noqa: E402
 
+from bill_parts import Call, breakdown, header, is_recall_round, render  # noqa: E402
 from common import quiet_logs  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.keys import METRICS  # noqa: E402
@@ -60,6 +61,25 @@ def output(step: int) -> str:
             f"{filler}\n[[call Bash {{\"command\": \"step {step + 1}\"}}]]")
 
 
+def meter(calls: list[tuple[str, Call]], phase: list[str]):
+    """Every answered /v1/messages call as a bench/bill_parts.py Call, tagged with the bench's
+    phase (the run it belongs to)."""
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        response = await handler(request)
+        if request.path.endswith("/messages") and getattr(response, "body", None) and response.status == 200:
+            import orjson
+            usage = orjson.loads(response.body).get("usage") or {}
+            body = orjson.loads(await request.read())
+            kind = ("summary" if request.headers.get("x-palimpsest-purpose") == "summary" else
+                    "recall" if is_recall_round(body) else "main")
+            read, written = usage.get("cache_read_input_tokens") or 0, usage.get("cache_creation_input_tokens") or 0
+            calls.append((phase[0] if kind != "summary" else "summary-" + body.get("model", ""),
+                          Call(kind, usage.get("input_tokens", 0) + read + written, read, written)))
+        return response
+    return middleware
+
+
 async def serve(app: web.Application) -> tuple[web.AppRunner, str]:
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -75,6 +95,7 @@ class Run:
         self.ideal = 0.0
         self.latency: list[float] = []
         self.history: list[dict] = []
+        self.growth: list[int] = []  # client tokens added per request (bench/bill_parts.py)
 
     def billed(self) -> float:
         return self.fresh + 0.1 * self.read + WRITE_RATE * self.written
@@ -98,6 +119,7 @@ async def loop(client: anthropic.AsyncAnthropic, model: str, steps: int, session
         run.answered += 1
         run.client_tokens += tokens
         run.ideal += 0.1 * previous + WRITE_RATE * (tokens - previous)
+        run.growth.append(tokens - previous)
         previous = tokens
         usage = message.usage
         run.fresh += usage.input_tokens
@@ -162,6 +184,9 @@ async def main(args) -> None:
     WRITE_RATE = args.write_rate
     quiet_logs()
     puppet = create_puppet_app(windows={"fake-32k": 32_000, "fake-200k": 200_000})
+    metered: list[tuple[str, Call]] = []
+    phase = ["direct"]
+    puppet.middlewares.append(meter(metered, phase))
     prunner, purl = await serve(puppet)
     with tempfile.TemporaryDirectory() as tmp:
         settings = load_settings(None, upstream={"base_url": purl + "/v1", "format": "anthropic"},
@@ -171,7 +196,9 @@ async def main(args) -> None:
         direct = anthropic.AsyncAnthropic(base_url=purl, api_key="sk-bench", max_retries=0, timeout=120)
         gateway = anthropic.AsyncAnthropic(base_url=gurl, api_key="sk-bench", max_retries=0, timeout=120)
         d32 = await loop(direct, "fake-32k", args.steps, "direct-32k")
+        phase[0] = "gw-32k"
         g32 = await loop(gateway, "fake-32k", args.steps, "gw-32k")
+        phase[0] = "after"
         await asyncio.sleep(1.0)  # let the summary job of the last steps land
         found, asked = await recall(gateway, "fake-32k", g32, args.recall, "gw-32k")
         d200 = await loop(direct, "fake-200k", args.steps, "direct-200k")
@@ -204,6 +231,15 @@ async def main(args) -> None:
     print(row("palimpsest fake-200k", g200))
     share = lambda r: r.read / r.upstream_tokens if r.upstream_tokens else 0.0  # noqa: E731
     print(f"planted facts recalled through the gateway: {found}/{asked}")
+    parts = breakdown([c for p, c in metered if p in ("gw-32k", "summary-fake-32k")], g32.growth, g32.ideal,
+                      read=0.1, write=WRITE_RATE)
+    print("Where the 32k loop's bill goes (bench/bill_parts.py; summaries included):")
+    print(header())
+    print(render(f"gateway fake-32k, {args.profile}", parts))
+    if args.calls:
+        for n, (p, c) in enumerate(metered):
+            if p in ("gw-32k", "summary-fake-32k"):
+                print(n, p, c)
     print(f"client-side time added per request on fake-200k, p50 of gateway minus direct: "
           f"{statistics.median(added) * 1000:.1f} ms (includes the SDK and loopback; puppet time is the same); "
           f"the gateway's own time (wall minus upstream waits): p50 {statistics.median(own) * 1000:.1f} ms, "
@@ -219,5 +255,6 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--recall", type=int, default=10)
     parser.add_argument("--profile", default="balanced", help="the gateway policy profile (economy, balanced, fidelity)")
+    parser.add_argument("--calls", action="store_true", help="print every metered call of the 32k gateway run")
     parser.add_argument("--write-rate", type=float, default=1.25, help="price of a cache write (2.0: Anthropic's 1-hour TTL)")
     asyncio.run(main(parser.parse_args()))

@@ -40,6 +40,7 @@ import openai
 import orjson
 from aiohttp import web
 
+from bench.bill_parts import Call, breakdown, header, is_recall_round, render
 from bench.common import _message_keys, _serve, fmt, machine_note, percentile, quiet_logs, start_puppet
 from gateway.app import create_app
 from gateway.keys import LOG_FIELDS
@@ -83,17 +84,31 @@ def shared(a: list[tuple[bytes, int]], b: list[tuple[bytes, int]]) -> int:
     return total
 
 
-def billed(requests: list[list[tuple[bytes, int]]]) -> tuple[int, float]:
-    """(prompt tokens, billed prompt tokens) of requests in order, with a provider cache."""
-    tokens, cost = 0, 0.0
+def cache_split(requests: list[list[tuple[bytes, int]]]) -> list[tuple[int, int, int]]:
+    """(prompt, cached, written) tokens of each request in order, with a provider cache."""
+    out = []
     for n, request in enumerate(requests):
         total = sum(t for _, t in request)
         best = max((shared(request, earlier) for earlier in requests[:n]), default=0)
         cached = 0 if best < CACHE_MIN else best // CACHE_STEP * CACHE_STEP
         written = max(0, (0 if total < CACHE_MIN else total // CACHE_STEP * CACHE_STEP) - cached)
-        tokens += total
-        cost += total - cached - written + WRITE_PRICE * written + CACHED_PRICE * cached
-    return tokens, cost
+        out.append((total, cached, written))
+    return out
+
+
+def billed(requests: list[list[tuple[bytes, int]]]) -> tuple[int, float]:
+    """(prompt tokens, billed prompt tokens) of requests in order, with a provider cache."""
+    split = cache_split(requests)
+    return (sum(t for t, _, _ in split),
+            sum(t - c - w + WRITE_PRICE * w + CACHED_PRICE * c for t, c, w in split))
+
+
+def bill_parts(through: dict, ideal: dict, ideal_cost: float) -> dict[str, float]:
+    """The gateway run's bill split by bench/bill_parts.py, over the ideal-direct bill."""
+    calls = [Call(kind, t, c, w) for kind, (t, c, w) in zip(through["kinds"], cache_split(through["upstream"]))]
+    views = ideal["views"]
+    growth = [sum(t for _, t in b) - (shared(b, a) if a is not None else 0) for a, b in zip([None, *views], views)]
+    return breakdown(calls, growth, ideal_cost, read=CACHED_PRICE, write=WRITE_PRICE)
 
 
 def stability(requests: list[list[tuple[bytes, int]]]) -> str:
@@ -160,6 +175,13 @@ class Run:
                 out.append(keyed)
         return out
 
+    def kinds(self) -> list[str]:
+        """Each request of ``upstream()``: "summary", "recall" (a recall round) or "main"."""
+        secret = self.puppet.app[PUPPET_STATE].secret
+        return [("summary" if r["headers"].get("x-palimpsest-purpose") == "summary" else
+                 "recall" if is_recall_round(r["json"]) else "main")
+                for r in self.puppet.app[RECEIVED] if elements(r, secret) is not None]
+
     async def close(self) -> None:
         if self.gateway_runner is not None:
             await self.gateway_runner.cleanup()
@@ -207,7 +229,7 @@ async def sdk_loops(seeds: int, calls: int, *, gateway: bool, model: str, seed_b
                 except openai.BadRequestError:
                     rejected += 1
         client_bodies = run.upstream(views_only=True)
-        return {"upstream": run.upstream(), "views": client_bodies, "recalled": recalled, "asked": asked,
+        return {"upstream": run.upstream(), "kinds": run.kinds(), "views": client_bodies, "recalled": recalled, "asked": asked,
                 "rejected": rejected, "overheads": run.overheads, "client_requests": run.client_requests}
     finally:
         await run.close()
@@ -238,6 +260,7 @@ async def main(args) -> None:
     overhead = through["overheads"]
     rows.append(("gateway time added, p50 / p99 (ms)", "-", f"{fmt(percentile(overhead, 50))} / {fmt(percentile(overhead, 99))}",
                  "-", "<= 2 ms p50"))
+    parts = bill_parts(through, ideal, ideal_cost)
     if args.codex:
         direct_cx = await codex(args.calls, gateway=False)
         through_cx = await codex(args.calls, gateway=True)
@@ -263,6 +286,10 @@ async def main(args) -> None:
     print("|---|---|---|---|---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
+    print()
+    print("Where the SDK loops' bill goes (bench/bill_parts.py):")
+    print(header())
+    print(render("gateway, Responses upstream", parts))
 
 
 if __name__ == "__main__":

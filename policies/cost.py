@@ -106,6 +106,28 @@ def summary_price(input_tokens: float, output_tokens: float, rates: Rates, *, ca
             + output_tokens * rates.output)
 
 
+def fork_price(view_tokens: float, added_tokens: float, rates: Rates) -> float:
+    """A cache-forked summary call's input: the view just sent, re-read from the cache (its
+    cacheable part at the read rate), plus what the fork adds (the answer and the instruction),
+    which no breakpoint covers: paid uncached."""
+    return resent(view_tokens, rates) + added_tokens
+
+
+def transcript_price(tokens: float, rates: Rates, *, written: bool) -> float:
+    """A transcript-form summary call's input: all of it new to the cache. ``written``: the
+    provider caches it implicitly and bills the write (OpenAI's GPT-5.6 on); with explicit
+    breakpoints (Anthropic) a call that sets none pays it uncached, without the write."""
+    return rates.write * tokens if written and cacheable(tokens, rates) else tokens
+
+
+def fork_pays(view_tokens: float, added_tokens: float, transcript_tokens: float, rates: Rates, *,
+              written: bool = True) -> bool:
+    """Is the cache fork the cheaper form of a summary call? A fork re-reads the whole view at
+    the read rate; the transcript form sends only the delta (tool results trimmed) and the
+    instruction, uncached. A small delta under a big view is cheaper as a transcript."""
+    return fork_price(view_tokens, added_tokens, rates) <= transcript_price(transcript_tokens, rates, written=written)
+
+
 @dataclass(frozen=True, slots=True)
 class SummaryCase:
     """What a summary decision knows about a session after a response."""

@@ -24,6 +24,7 @@ from gateway.http.upstream import Upstream
 from gateway.jobs.backoff import Breaker, SessionBackoff, retry_after_seconds
 from gateway.jobs.budget import TenantBudget
 from gateway.pipeline.fork import SummaryFork
+from gateway.pipeline.offload import pure as off_loop
 from policies import (
     Policy,
     TokenCounter,
@@ -36,6 +37,7 @@ from policies import (
 )
 from policies.messages import content_text
 from policies.holdout import COMPACTED
+from policies.cost import cost_rates, fork_pays
 from policies.prices import read_usage
 from policies.summary import has_secret, render_correction_request
 from store.records import SessionRef
@@ -151,21 +153,42 @@ class SummaryModel:
         return max(1000, min(policy.summary_chunk_tokens, room))
 
     async def write(self, job: SummaryJob, summary: str | None, delta: list[dict], state: dict) -> str | None:
-        """`summary` updated with `delta`: folded chunk by chunk, or map-reduced when big."""
-        if job.policy.summary_cache_fork and job.fork is not None:
-            try:
-                return await self.fork(job, summary, delta)
-            except SummaryFailed as exc:
-                if not exc.reason.startswith("upstream_4") or exc.reason == "upstream_429":
-                    raise
-                # The provider refused the fork's shape (tool_choice, a message order): the
-                # transcript form asks the same of it.
+        """`summary` updated with `delta`: in one cache-forked call when that form is the
+        cheaper (``fork_costs_less``), else folded chunk by chunk, or map-reduced when big."""
         chunks = chunk_messages(delta, await self.chunk_tokens(job), self.counter)
+        if job.policy.summary_cache_fork and job.fork is not None:
+            if await off_loop(self.fork_costs_less, delta, job, summary, chunks):
+                try:
+                    return await self.fork(job, summary, delta)
+                except SummaryFailed as exc:
+                    if not exc.reason.startswith("upstream_4") or exc.reason == "upstream_429":
+                        raise
+                    # The provider refused the fork's shape (tool_choice, a message order): the
+                    # transcript form asks the same of it.
+            else:
+                self.metrics.summary_transcript_cheaper.inc()
         if len(chunks) > 1 and job.policy.summary_parallel > 1:
             return await self.map_reduce(job, summary, chunks, state)
         for chunk in chunks:
             summary = await self.fold(job, summary, chunk)
         return summary
+
+    def fork_costs_less(self, delta: list[dict], job: SummaryJob, summary: str | None, chunks: list[list[dict]]) -> bool:
+        """Price both forms of the call by the model's cache rule (``policies.cost.fork_pays``):
+        the fork re-reads the view at the read rate and pays the answer and its instruction
+        uncached; the transcript form pays its requests (one per chunk) uncached."""
+        policy = job.policy
+        state = extract_exact_values(delta, cap=VALIDATED_VALUES * 4)
+        added = self.counter.count_text(render_fork_instruction(summary, state, policy))
+        if job.history:
+            added += self.counter.count_message(job.history[-1], job.ids[-1] if job.ids else None)  # the answer
+        transcript = sum(self.counter.count_messages(render_summary_request(
+            summary, extract_exact_values(c, cap=VALIDATED_VALUES * 4), format_transcript(c, policy), policy))
+            for c in chunks)
+        upstream, _ = self.route(job)
+        # Anthropic caches only at breakpoints, and the transcript form sets none: no write.
+        written = getattr(upstream, "format", "openai") != "anthropic"
+        return fork_pays(job.fork.tokens, added, transcript, cost_rates(policy), written=written)
 
     async def fold(self, job: SummaryJob, summary: str | None, chunk: list[dict]) -> str:
         """`summary` updated with one chunk of the delta."""

@@ -60,6 +60,9 @@ class Metrics:
         self.summary_created = Counter(p + "summary_checkpoints_created_total", "Checkpoints created.", ["mode"], registry=r)
         self.summary_errors = Counter(p + "summary_errors_total", "Summary jobs that failed.", ["reason"], registry=r)
         self.summary_invalid = Counter(p + "summary_invalid_format_total", "Summaries rejected by validation.", registry=r)
+        self.summary_transcript_cheaper = Counter(p + "summary_transcript_cheaper_total", "Summary calls sent as a "
+                                                  "transcript where a cache fork applied: by the model's cache rule, "
+                                                  "re-reading the view would have cost more.", registry=r)
         self.summary_checks = Counter(p + "summary_checks_total", "New checkpoints checked before replacing the old one: "
                                       "passed, repaired or refused (the old one stays).", ["outcome"], registry=r)
         self.summary_check_problems = Counter(p + "summary_check_problems_total", "What checked checkpoints lost or "

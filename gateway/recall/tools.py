@@ -13,7 +13,9 @@ best of what is hidden, which then reads as the answer. The user message being a
 never a hit of its own search.
 
 The best hits carry a `passage`: the part of the event around the match, long enough to answer
-from, within `passage_tokens` for the whole result, so most facts need no load round trip.
+from, within `passage_tokens` for the whole result, so most facts need no load round trip. A
+hit whose whole event fits is `complete`, and small hits below the best ones come whole too
+(within half that budget again): search and load become one round.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ NEIGHBOUR_CHARS = 400
 CHARS_PER_TOKEN = 4  # budgets are in tokens; passages are cut in characters
 # Share of the passage budget each of the best hits gets, best first.
 PASSAGE_SHARES = (0.5, 0.25, 0.25)
+# Hits below those that are this small come whole, within this share of the passage budget more.
+SMALL_HIT_CHARS = 800
+SMALL_HITS_SHARE = 0.5
 
 
 def passage(text: str, query: str, hit_snippet: str, width: int, line: str = "") -> str:
@@ -147,8 +152,9 @@ class RecallTools:
         self.metrics.recall_hits.observe(len(results))
         return {
             "results": results,
-            "note": HISTORICAL_NOTE + " A passage is the part of the event that matched; call "
-            "session_load with an event_id for the full text.",
+            "note": HISTORICAL_NOTE + " A passage is the part of the event that matched; a hit marked "
+            "complete is the whole event (no need to load it); call session_load with an event_id for the "
+            "full text of the others.",
         }
 
     @staticmethod
@@ -170,8 +176,7 @@ class RecallTools:
                     "score": round(h.score, 4), "snippet": h.snippet} for h in hits]
         lines = {h.event_id: h.line for h in hits}
         budget = passage_tokens * CHARS_PER_TOKEN
-        best = [h.event_id for h in hits[: len(PASSAGE_SHARES)]]
-        events = {e.id: e for e in await offload(self.ledger, self.ledger.get_many, session_key, best)}
+        events = {e.id: e for e in await offload(self.ledger, self.ledger.get_many, session_key, [h.event_id for h in hits])}
         for result, share in zip(results, PASSAGE_SHARES):
             event = events.get(result["event_id"])
             width = int(budget * share)
@@ -181,6 +186,19 @@ class RecallTools:
             result["passage"] = passage(text, query, result.pop("snippet"), width, lines[result["event_id"]])
             if len(text) > width:
                 result["total_chars"] = len(text)
+            else:
+                result["complete"] = True
+        # A small hit below the best ones comes whole too, within half the budget again: the
+        # model reads it in the search round instead of loading it in one more.
+        room = budget * SMALL_HITS_SHARE
+        for result in results[len(PASSAGE_SHARES):]:
+            event = events.get(result["event_id"])
+            text = event_text(event) if event is not None else ""
+            if event is None or len(text) > min(room, SMALL_HIT_CHARS):
+                continue
+            room -= len(text)
+            del result["snippet"]
+            result["passage"], result["complete"] = text, True
         return results
 
     def _load(self, args: dict, session_key: str, path_ids: list[str], matches: dict[str, str]) -> dict:

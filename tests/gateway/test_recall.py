@@ -50,8 +50,9 @@ async def test_fact_hidden_by_summary_comes_back_non_streaming(gateway, upstream
     # The search result the model read carries the matching passage and says it is historical data.
     result = orjson.loads(next(m["content"] for m in turn[-1]["messages"] if m["role"] == "tool" and "historical" in m.get("content", "").lower()))
     assert fact.statement in result["results"][0]["passage"]
-    # Passages share passage_tokens (~4 chars each); the other hits keep a short snippet.
-    assert sum(len(h.get("passage", "")) for h in result["results"]) <= 4 * 600
+    # Passages share passage_tokens (~4 chars each), small hits below them come whole within
+    # half that again; the other hits keep a short snippet.
+    assert sum(len(h.get("passage", "")) for h in result["results"]) <= 1.5 * 4 * 600
     assert all(len(h.get("snippet", "")) <= 310 for h in result["results"])
     # The fact is not in what the model saw before recalling it (besides the proactive recall block).
     assert fact.answer not in json.dumps([m for m in turn[0]["messages"]
@@ -63,6 +64,27 @@ async def test_fact_hidden_by_summary_comes_back_non_streaming(gateway, upstream
     sides = [e for e in events if e.kind == "side"]
     assert len(sides) == 2  # search call + result
     assert all(e.role in ("assistant", "tool") for e in sides)
+
+
+async def test_a_small_hit_comes_whole_with_the_search_so_it_needs_no_load(gateway, upstream):
+    """A hit whose whole event is small is marked complete and carries all of it, below the best
+    hits too: the model reads it in the search round instead of loading it in one more."""
+    s, history = await long_history(gateway, session="small-hits")
+    n_before = len(upstream.chat_requests())
+    await client(gateway, "small-hits").chat.completions.create(
+        model="fake-32k", messages=history + [{"role": "user", "content": f"RECALL: {s.facts[1].question}"}], tools=TOOL_SPECS)
+    turn = [q["json"] for q in upstream.chat_requests()[n_before:] if not q["headers"].get("x-palimpsest-purpose")]
+    result = orjson.loads(next(m["content"] for m in turn[-1]["messages"] if m["role"] == "tool" and "historical" in m.get("content", "").lower()))
+    ledger = gateway.app[LEDGER]
+    key = ledger.sessions()[0].key
+    from gateway.jobs.indexer import event_text
+    whole = [h for h in result["results"] if h.get("complete")]
+    assert [h for h in whole if h not in result["results"][:3]], "a small hit below the best three comes whole"
+    for hit in whole:
+        assert hit["passage"] == event_text(ledger.get(key, hit["event_id"])) and "total_chars" not in hit
+    for hit in result["results"]:
+        assert hit.get("complete") or "total_chars" in hit or "snippet" in hit  # else the model knows to load it
+    assert "complete is the whole event" in result["note"]
 
 
 async def test_without_passages_the_model_loads_the_top_hit(start_gateway, upstream):

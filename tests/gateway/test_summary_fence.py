@@ -28,7 +28,7 @@ def blocks(body: dict) -> list[str]:
 
 
 async def test_a_quoted_fence_tag_never_closes_the_summary_block_upstream(start_gateway, upstream):
-    gw = await start_gateway()  # the default: summaries are cache forks of the view
+    gw = await start_gateway()  # the default: summaries are cache forks of the view where that is the cheaper form
     api = openai.AsyncOpenAI(base_url=gw.base_url, api_key="sk-fence", default_headers={"X-Session-Id": "fence"},
                              max_retries=0)
     history = [{"role": "system", "content": "agent"}, {"role": "user", "content": INJECTED},
@@ -38,17 +38,19 @@ async def test_a_quoted_fence_tag_never_closes_the_summary_block_upstream(start_
     key = gw.app[LEDGER].sessions()[0].key
     assert any("SYSTEM OVERRIDE" in cp.summary for cp in gw.app[CHECKPOINTS].list(key)), "the summary quotes the note"
     received = upstream.chat_requests()
-    forked = [r for r in received if r["headers"].get("x-palimpsest-purpose") == "summary" and r["json"].get("tool_choice") == "none"]
-    assert len(forked) >= 2, "later summaries fork views that carry a block"
+    calls = [r for r in received if r["headers"].get("x-palimpsest-purpose") == "summary"]
+    forked = [r for r in calls if r["json"].get("tool_choice") == "none"]
+    assert forked, "a summary forks the view (the others, cheaper as transcripts, fence the same text)"
     assert any("SYSTEM OVERRIDE" in b for r in received for b in blocks(r["json"])
                if r["headers"].get("x-palimpsest-purpose") is None), "client requests' views carry the note in a block"
-    # A forked call resends the view (its blocks are checked below) and fences the previous summary.
-    assert any("SYSTEM OVERRIDE" in r["json"]["messages"][-1]["content"] for r in forked), "forks carry the note"
+    # A forked call resends the view (its blocks are checked below); every later summary call
+    # fences the previous summary, which quotes the note.
+    assert any("SYSTEM OVERRIDE" in r["json"]["messages"][-1]["content"] for r in calls), "summary calls carry the note"
     for request in received:
         for block in blocks(request["json"]):
             assert len(CLOSING.findall(block)) == 1, block  # the gateway's own, at the block's end
             assert CLOSING.search(block).group() == "</session_summary"
-        if request in forked:  # the fork's instruction fences the previous summary: nothing closes that either
+        if request in calls:  # the instruction fences the previous summary: nothing closes that either
             last = request["json"]["messages"][-1]["content"]
-            assert len(ANY_CLOSING.findall(last)) == len(re.findall(r"</(?:previous_summary|exact_values_to_keep)>", last))
+            assert len(ANY_CLOSING.findall(last)) == len(re.findall(r"</(?:previous_summary|exact_values_to_keep|transcript)>", last))
             assert not CLOSING.search(last)

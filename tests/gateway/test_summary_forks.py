@@ -49,7 +49,11 @@ async def test_a_responses_view_forks_as_a_responses_call(start_gateway, upstrea
     views = [r["json"] for r in received if r["path"] == "/v1/responses" and not purpose(r)]
     forks = [r for r in received if purpose(r) == "summary" and r["path"] == "/v1/responses"]
     assert forks, "the summary model is the request's model: the call forks the Responses view"
-    assert not [r for r in received if purpose(r) == "summary" and r["path"] != "/v1/responses"]
+    # The others folded a delta small enough that its transcript cost less than re-reading the view.
+    transcripts = [r for r in received if purpose(r) == "summary" and r["path"] != "/v1/responses"]
+    assert all(r["path"] == "/v1/chat/completions" for r in transcripts)
+    cheaper = gw.app[METRICS].registry.get_sample_value("palimpsest_summary_transcript_cheaper_total") or 0
+    assert bool(transcripts) == bool(cheaper)  # a job's transcript may take a call per chunk
     for record in forks:
         body = record["json"]
         assert body["tool_choice"] == "none" and body["store"] is False and body["stream"] is False
@@ -61,8 +65,9 @@ async def test_a_responses_view_forks_as_a_responses_call(start_gateway, upstrea
         added = body["input"][len(parent["input"]):]
         assert all(i["type"] == "message" and i["role"] == "assistant" for i in added[:-1])
         assert added[-1]["role"] == "user" and "the gateway's instruction, not the user's" in added[-1]["content"]
-    # The provider served most of each fork's input from its cache; the summaries became checkpoints.
-    assert summary_share_cached(gw, "fake-32k") >= 0.8
+    # The provider served most of the summary input from its cache (the transcripts' share is
+    # uncached, and small); the summaries became checkpoints.
+    assert summary_share_cached(gw, "fake-32k") >= 0.7
     assert (gw.app[METRICS].registry.get_sample_value("palimpsest_summary_invalid_format_total") or 0) == 0
     assert checkpoints_made(gw)
 
@@ -110,6 +115,30 @@ async def test_a_messages_view_forks_as_a_messages_call(start_gateway, upstream)
         assert "the gateway's instruction, not the user's" in added[0]  # then, on a retry, the correction
     assert summary_share_cached(gw, "fake-32k") >= 0.7
     assert checkpoints_made(gw)
+
+
+async def test_each_summary_call_takes_the_cheaper_form_by_the_cache_rule(start_gateway, upstream):
+    """A fork re-reads the whole view at the read rate; a transcript pays the delta uncached. With
+    no cache discount (read rate 1) re-reading the view never pays: every call is a transcript;
+    with free reads every call forks."""
+    async def summaries(rate: float, session: str) -> list[dict]:
+        gw = await start_gateway(policy={**ECONOMY, "cached_input_rate": rate})
+        api = openai.AsyncOpenAI(base_url=gw.base_url, api_key="sk-fork", max_retries=0,
+                                 default_headers={"X-Session-Id": session})
+        await drive_responses_loop(api, agent_loop_session(seed=13, turns=1, calls=40), model="fake-32k")
+        await api.close()
+        await settle(gw)
+        calls = [r for r in upstream.received if purpose(r) == "summary" and r.get("json")]
+        upstream.received.clear()
+        cheaper = gw.app[METRICS].registry.get_sample_value("palimpsest_summary_transcript_cheaper_total") or 0
+        assert bool(cheaper) == any(r["path"] == "/v1/chat/completions" for r in calls)  # a call per chunk
+        return calls
+
+    dear = await summaries(1.0, "no-discount")
+    assert dear and all(r["path"] == "/v1/chat/completions" and "<transcript>" in r["json"]["messages"][-1]["content"]
+                        for r in dear)
+    free = await summaries(0.0, "free-reads")
+    assert free and all(r["path"] == "/v1/responses" and r["json"]["tool_choice"] == "none" for r in free)
 
 
 async def test_tool_choice_is_spelled_as_each_format_wants_on_the_strict_simulator(upstream):

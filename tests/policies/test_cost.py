@@ -96,3 +96,18 @@ def test_view_plan_compacts_whatever_it_costs_over_the_sync_ratio():
                     keep_recent_rounds=1, compact_batch_rounds=1, summary_trigger_ratio=0.5)
     raw, compacted = [2_000] * 3, [200] * 3
     assert plan_view(rounds_of(raw), raw, compacted, 0, [], policy, 10_000)[1] > 0
+
+
+def test_a_fork_is_the_summary_form_only_where_re_reading_the_view_costs_less_than_the_transcript():
+    from policies.cost import fork_pays, fork_price, transcript_price
+
+    openai, premium = Rates(), Rates(write=1.25)
+    # A 14k-token view folding a 1.5k-token delta: 0.1 x 14k + 1k added is dearer than 1.5k uncached.
+    assert fork_price(14_080, 1_000, openai) == 0.1 * 14_080 + 1_000  # 110 steps of 128
+    assert not fork_pays(14_000, 1_000, 1_500, openai)
+    # The same view folding 12k of delta: the fork pays.
+    assert fork_pays(14_000, 1_000, 12_000, openai)
+    # A write premium prices the implicitly cached transcript up; Anthropic's (no breakpoint) is not written.
+    assert transcript_price(2_000, premium, written=True) == 2_500
+    assert transcript_price(2_000, premium, written=False) == 2_000
+    assert fork_pays(14_000, 700, 2_000, premium, written=True) is (0.1 * 14_000 + 700 <= 2_500)
