@@ -34,7 +34,6 @@ import asyncio
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
 import openai
 import orjson
