@@ -9,6 +9,7 @@ where a missing browser must fail rather than silently skip the check.
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import json
 import os
@@ -71,6 +72,15 @@ class Browser:
         result = await self.send("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
         assert "exceptionDetails" not in result, result
         return result["result"].get("value")
+
+    async def screenshot(self, selector: str, path: Path) -> bytes:
+        """A PNG of the element `selector` (the whole of it, scrolled or not), also written to `path`."""
+        box = await self.evaluate(f"(() => {{ const r = document.querySelector({json.dumps(selector)}).getBoundingClientRect(); "
+                                  "return {x: r.left, y: r.top + scrollY, width: r.width, height: r.height}; })()")
+        shot = await self.send("Page.captureScreenshot", format="png", captureBeyondViewport=True, clip={**box, "scale": 1})
+        png = base64.b64decode(shot["data"])
+        path.write_bytes(png)
+        return png
 
     async def wait_for(self, expression: str, timeout: float = 20.0):
         deadline = asyncio.get_running_loop().time() + timeout
@@ -187,8 +197,6 @@ async def test_inspector_chart_draws_the_requests_and_opens_their_receipts(start
     """The session chart (uPlot, served from the package): one point per answered request,
     markers for compaction events and new summaries, the plot really painted, and a click on a
     request opens that request's receipt. The screenshot of the chart is kept in tmp_path."""
-    import base64
-
     gw = await start_gateway(server={"admin_token": TOKEN},
                              policy={"profile": "economy", "summary_trigger_ratio": 0.6, "sync_compaction_ratio": 0.9,
                                      "compact_trigger_ratio": 0.25, "view_target_ratio": 0.05})
@@ -225,10 +233,6 @@ async def test_inspector_chart_draws_the_requests_and_opens_their_receipts(start
     assert shown["id"] == turns[k]["receipt"] and shown["events"]["here"] is True
     assert shown["prompt"]["tokens"] == sum(i["tokens"] for i in shown["prompt"]["items"])
 
-    box = await browser.evaluate("(() => { const r = document.querySelector('#chart').getBoundingClientRect(); "
-                                 "return {x: r.left, y: r.top + scrollY, width: r.width, height: r.height}; })()")
-    shot = await browser.send("Page.captureScreenshot", format="png", captureBeyondViewport=True, clip={**box, "scale": 1})
-    png = base64.b64decode(shot["data"])
-    (tmp_path / "session-chart.png").write_bytes(png)
+    png = await browser.screenshot("#chart", tmp_path / "session-chart.png")
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
     assert browser.errors == []
