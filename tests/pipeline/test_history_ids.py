@@ -76,3 +76,41 @@ def test_the_memo_stays_within_its_budget():
 
 def test_empty_history():
     assert HistoryIds(min_bytes=0).ids([], BIG) == []
+
+
+# -- through the gateway, on every format ------------------------------------------------------
+
+import aiohttp  # noqa: E402
+import pytest  # noqa: E402
+
+from gateway.keys import LEDGER  # noqa: E402
+from gateway.pipeline.history_ids import HISTORY_IDS, MEMO_MIN_BYTES  # noqa: E402
+from tests.pipeline.formats import WIRES, run_loop  # noqa: E402
+from tests.support.agent import settle  # noqa: E402
+
+
+async def _play(gw, wire, session: str) -> list[list[str]]:
+    """Six ~40 KB tool results under a 1M window; the ledger's branches of the session, as the
+    roles along each path."""
+    async with aiohttp.ClientSession() as http:
+        _, answers = await run_loop(wire, http, gw.root, session, 6, tokens=10_000, model="fake-1000k")
+    assert all(a.status == 200 for a in answers)
+    await settle(gw)
+    ledger = gw.app[LEDGER]
+    (record,) = [r for r in ledger.sessions() if r.session_id == session]
+    return sorted([e.message.get("role") for e in ledger.path_to(record.key, head)] for head in ledger.heads(record.key))
+
+
+@pytest.mark.parametrize("wire", list(WIRES.values()), ids=list(WIRES))
+async def test_an_agent_resending_a_big_history_is_recorded_as_without_the_memo(start_gateway, upstream, wire, monkeypatch):
+    """From the third step on every body is over the memo's threshold and its resent prefix takes
+    the remembered ids: the ledger records the session exactly as when every message is hashed
+    again (the same branches, the same paths)."""
+    gw = await start_gateway()
+    monkeypatch.setattr(HISTORY_IDS, "min_bytes", 10**12)  # hash everything again
+    hashed = await _play(gw, wire, f"hashed-{wire.name}")
+    monkeypatch.setattr(HISTORY_IDS, "min_bytes", MEMO_MIN_BYTES)
+    before = HISTORY_IDS.reused
+    remembered = await _play(gw, wire, f"memo-{wire.name}")
+    assert HISTORY_IDS.reused > before, "the resent prefix of a big body was hashed again"
+    assert remembered == hashed and len(max(hashed, key=len)) >= 12
