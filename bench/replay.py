@@ -1,6 +1,6 @@
 """``palimpsest replay`` of stored sessions: honesty and speed (issue 27).
 
-For each wire format a synthetic agent session (tests/gateway/test_replay.py's driver: a tool
+For each wire format a synthetic agent session (tests/cli/test_replay.py's driver: a tool
 call and its result per round) runs live through a real gateway (profile economy) in front of the
 SIMULATED upstream; its bill is read from the gateway's counters of the usage the simulator
 reported (its own prompt cache). Then the session is replayed FROM THE STORE the live gateway
@@ -32,7 +32,7 @@ if str(REPO) not in sys.path:
 from gateway.cli.replay import RATES, replay  # noqa: E402
 from gateway.cli.replay_sources import ReplayRequest, stored_requests  # noqa: E402
 from gateway.settings import load_settings  # noqa: E402
-from tests.gateway.test_replay import LIVE, MODEL, _args, _live  # noqa: E402
+from tests.cli.test_replay import LIVE, MODEL, _args, _live  # noqa: E402
 
 
 async def one(fmt: str, rounds: int, profiles: list[str]) -> dict:

@@ -1,6 +1,6 @@
 """SIGTERM drains: `palimpsest serve` finishes the requests in flight, records their answers and
 exits 0 within `server.shutdown_timeout_s`; a request that cannot finish in time does not hold
-the process past that deadline. (tests/gateway/test_settings.py covers SIGTERM on an idle
+the process past that deadline. (tests/cli/test_settings.py covers SIGTERM on an idle
 gateway; these are the cases with work in flight.)"""
 
 from __future__ import annotations

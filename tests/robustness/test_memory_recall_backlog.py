@@ -13,8 +13,8 @@ import asyncio
 
 from gateway.keys import METRICS, PIPELINE
 from simulator.workloads import TOOL_SPECS
-from tests.gateway.test_recall import client, long_history
-from tests.gateway.test_recall_auto import blocks, forwarded
+from tests.recall.test_recall import client, long_history
+from tests.recall.test_recall_auto import blocks, forwarded
 
 
 async def drained(gw) -> None:

@@ -16,7 +16,7 @@ import pytest
 from gateway.keys import LEDGER
 from simulator.puppet import RECEIVED
 from simulator.workloads import agent_loop_session
-from tests.gateway.test_agent_loops import assert_valid_and_fits, forwarded, is_placeholder
+from tests.chat.test_agent_loops import assert_valid_and_fits, forwarded, is_placeholder
 from tests.support.agent import RESPONSES_TOOLS, drive_responses_loop, responses_turn, settle
 
 WINDOW = 32_000

@@ -1,7 +1,7 @@
 """Cache-forked summary calls in every wire format: a Responses or Messages view forks in its own
 format, on its own route, with the parent's instructions, tools and conversation as they went,
 ``tool_choice`` none in that format's spelling, so the provider's cache serves the prefix
-(the chat fork: tests/gateway/test_cost_model.py)."""
+(the chat fork: tests/pipeline/test_cost_model.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import openai
 
 from gateway.keys import CHECKPOINTS, LEDGER, METRICS
 from simulator.workloads import agent_loop_session
-from tests.gateway.test_messages import BETA, ECONOMY, client_for, run_loop
+from tests.messages.test_messages import BETA, ECONOMY, client_for, run_loop
 from tests.support.agent import drive_responses_loop, settle
 
 

@@ -9,7 +9,7 @@ import openai
 from gateway.keys import LEDGER, METRICS
 from policies.holdout import COMPACTED, HOLDOUT, arm
 from simulator.workloads import agent_loop_session, synthetic_session
-from tests.gateway.test_messages import client_for, run_loop
+from tests.messages.test_messages import client_for, run_loop
 from tests.support.agent import drive, drive_responses_loop, settle
 
 WINDOW = 32_000

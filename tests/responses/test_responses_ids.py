@@ -9,7 +9,7 @@ import pytest
 
 from gateway.keys import LEDGER, RESPONSES
 from simulator.puppet import RECEIVED
-from tests.gateway.test_responses import gateway_config, responses_bodies
+from tests.responses.test_responses import gateway_config, responses_bodies
 from tests.support.agent import RESPONSES_TOOLS
 
 TENANTS = {"alice": "pk-alice", "bob": "pk-bob"}

@@ -12,9 +12,9 @@ import orjson
 from gateway.keys import LEDGER
 from policies.hidden_index import INDEX_CLOSE, INDEX_OPEN
 from simulator.workloads import agent_loop_session, synthetic_session
-from tests.gateway.test_compaction import client as chat_client
-from tests.gateway.test_messages import ECONOMY, client_for, messages_requests, run_loop
-from tests.gateway.test_responses import client as responses_client, gateway_config, responses_bodies
+from tests.pipeline.test_compaction import client as chat_client
+from tests.messages.test_messages import ECONOMY, client_for, messages_requests, run_loop
+from tests.responses.test_responses import client as responses_client, gateway_config, responses_bodies
 from tests.support.agent import drive, drive_responses_loop, settle
 
 INDEX = re.compile(re.escape(INDEX_OPEN) + r".*?" + re.escape(INDEX_CLOSE), re.S)

@@ -12,7 +12,7 @@ import openai
 from gateway.jobs.budget import TenantBudget
 from policies.summary import DETERMINISTIC_MODEL
 from simulator.puppet import count_prompt
-from tests.gateway.test_summary_faults import MODEL, SUMMARIES, checkpoints, client, metric, summary_calls
+from tests.jobs.test_summary_faults import MODEL, SUMMARIES, checkpoints, client, metric, summary_calls
 from tests.support.agent import settle
 
 

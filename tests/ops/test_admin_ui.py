@@ -19,7 +19,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.gateway.test_admin import TOKEN, client, long_session
+from tests.ops.test_admin import TOKEN, client, long_session
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 

@@ -27,7 +27,7 @@ from gateway.cli.replay_sources import ReplayRequest, stored_requests
 from gateway.keys import LEDGER, TURNS
 from gateway.settings import load_settings
 from store.canonical import stored_form
-from tests.gateway.test_replay import LIVE, MODEL, ROUNDS, _args, _live
+from tests.cli.test_replay import LIVE, MODEL, ROUNDS, _args, _live
 
 PATHS = {"chat": "/chat/completions", "responses": "/responses", "messages": "/messages"}
 HEADERS = {"anthropic-version": "2023-06-01"}

@@ -15,7 +15,7 @@ import pytest
 
 from simulator.puppet import PUPPET_STATE, RECEIVED
 from simulator.responses_input import check_context, count_context
-from tests.gateway.test_agent_loops import assert_valid_and_fits, forwarded
+from tests.chat.test_agent_loops import assert_valid_and_fits, forwarded
 from tests.support.chain import first_prompt
 from tests.support.clis import run_codex
 

@@ -8,7 +8,7 @@ import re
 from gateway.keys import LEDGER, SETTINGS
 from simulator.puppet import count_prompt
 from simulator.workloads import TOOL_SPECS, synthetic_session
-from tests.gateway.test_recall import client, long_history
+from tests.recall.test_recall import client, long_history
 from tests.support.agent import drive, settle
 
 BLOCK = "<recalled_history>"

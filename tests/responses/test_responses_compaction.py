@@ -15,7 +15,7 @@ from simulator.puppet import RECEIVED
 
 from simulator.workloads import agent_loop_session
 from store.records import SessionRef
-from tests.gateway.test_responses import client, gateway_config, responses_bodies
+from tests.responses.test_responses import client, gateway_config, responses_bodies
 from tests.support.agent import drive_responses_loop, responses_turn, settle
 
 
@@ -173,7 +173,7 @@ async def admin_get(gw, path: str) -> tuple[int, dict]:
 
 
 async def assert_inspectable(gw, record) -> None:
-    from tests.gateway.test_inspect_recorded import inspect
+    from tests.ops.test_inspect_recorded import inspect
 
     path = f"/admin/sessions/{record.key}"
     status, detail = await admin_get(gw, path)

@@ -13,8 +13,8 @@ import openai
 import pytest
 
 from simulator.workloads import agent_loop_session
-from tests.gateway.test_agent_loops import assert_valid_and_fits, forwarded, is_placeholder
-from tests.gateway.test_responses import PLACEHOLDER, assert_responses_valid, responses_bodies
+from tests.chat.test_agent_loops import assert_valid_and_fits, forwarded, is_placeholder
+from tests.responses.test_responses import PLACEHOLDER, assert_responses_valid, responses_bodies
 from tests.support.agent import settle
 
 try:

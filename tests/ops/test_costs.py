@@ -130,7 +130,7 @@ async def test_streamed_answers_carry_no_cached_header(start_gateway):
 
 
 async def test_inspect_shows_what_the_provider_cached_and_what_each_request_cost(start_gateway):
-    from tests.gateway.test_inspect_recorded import inspect
+    from tests.ops.test_inspect_recorded import inspect
 
     gw = await start_gateway(models=PRICED)
     history = [SYSTEM, {"role": "user", "content": "first question"}]

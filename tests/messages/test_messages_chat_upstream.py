@@ -10,7 +10,7 @@ from __future__ import annotations
 import anthropic
 import pytest
 
-from tests.gateway.test_messages import BASH, SYSTEM, step_output
+from tests.messages.test_messages import BASH, SYSTEM, step_output
 from tests.support.agent import settle
 
 CHAT_ONLY = {"fake-32k": {"api": "chat"}, "fake-8k": {"api": "chat"}}

@@ -26,7 +26,7 @@ import pytest
 
 from gateway.keys import METRICS
 from simulator.workloads import synthetic_session
-from tests.gateway.test_dashboard import load_dashboard, panel_queries
+from tests.ops.test_dashboard import load_dashboard, panel_queries
 from tests.support.agent import drive
 
 DEADLINE_S = 55  # every wait of the test together stays under a minute

@@ -1,16 +1,16 @@
 """``palimpsest replay --html FILE`` (gateway/cli/replay_chart.py): one self-contained page that
 draws, per replayed request and per profile, the upstream tokens against the client's, the bill
 against billed direct, and the compaction markers; it renders from disk in headless Chromium with
-no network (uPlot inlined), as the inspector's chart does (tests/gateway/test_admin_ui.py)."""
+no network (uPlot inlined), as the inspector's chart does (tests/ops/test_admin_ui.py)."""
 
 from __future__ import annotations
 
 import json
 import re
 
-from tests.gateway.test_admin_ui import browser, chromium_path  # noqa: F401 (fixtures)
-from tests.gateway.test_replay import LIVE, MODEL, ROUNDS, _live
-from tests.gateway.test_replay_store import _cli
+from tests.ops.test_admin_ui import browser, chromium_path  # noqa: F401 (fixtures)
+from tests.cli.test_replay import LIVE, MODEL, ROUNDS, _live
+from tests.cli.test_replay_store import _cli
 
 
 async def test_the_html_chart_renders_a_profile_comparison_offline(browser, tmp_path):  # noqa: F811
