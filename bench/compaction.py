@@ -186,14 +186,20 @@ async def loops(args, mode: str, workload: str) -> list[dict]:
 
 
 async def longmemeval(args, mode: str, cases: list[dict]) -> list[dict]:
+    """Each case's haystack + question as ONE request (an arrival); with ``--lme-recall`` the
+    question is ``RECALL: <question>`` and evidence counts as kept when an evidence turn is
+    verbatim in the question's first upstream request or the puppet's ANSWER (what recall
+    loaded) comes from one (``facts`` column). ``--lme-followups`` more plain requests then go
+    on in the same session (a session that goes on must get its summary: ``checkpoints``)."""
     bench = await Bench.start(gateway=mode == "gateway", **args.sections)
     client = Client(bench.gateway.base_url if bench.gateway else bench.puppet.base_url)
     rows = []
     try:
         for case in cases:
             bench.puppet.reset()
-            messages, _ = flatten_haystack(case)
-            messages.append({"role": "user", "content": case["question"]})
+            messages, evidence = flatten_haystack(case)
+            question = f"RECALL: {case['question']}" if args.lme_recall else case["question"]
+            messages.append({"role": "user", "content": question})
             body = {"model": MODEL, "messages": messages}
             sid = f"bench-lme-{case['question_id']}"
             if bench.gateway and args.arrival_prior:
@@ -202,15 +208,31 @@ async def longmemeval(args, mode: str, cases: list[dict]) -> list[dict]:
                 # prior, as against a provider whose summary calls take seconds.
                 bench.gateway.app[SUMMARIZER]._call_seconds = args.arrival_prior
             reply = await client.chat(body, sid if bench.gateway else None)
+            turn = [r["json"] for r in bench.puppet.chat_requests()
+                    if r.get("json") and r["headers"].get(PURPOSE, "") != "summary"]
+            texts = [m.get("content") for m in (turn[0]["messages"] if turn else []) if isinstance(m.get("content"), str)]
+            answer = answer_text(reply)
+            kept = bool(evidence) and (all(any(e in t for t in texts) for e in evidence)
+                                       or bool(answer) and any(answer.lstrip("…")[:200] in e for e in evidence))
+            requests = [(body, reply.message)]
+            history = [*messages, reply.message or {"role": "assistant", "content": "ok"}]
+            for k in range(args.lme_followups):
+                settle = await bench.gateway.settle() if bench.gateway else 0.0
+                history.append({"role": "user", "content": f"Thanks. One more thing ({k + 1}): what should I do next?"})
+                more = {"model": MODEL, "messages": list(history)}
+                follow = await client.chat(more, sid if bench.gateway else None)
+                requests.append((more, follow.message))
+                history.append(follow.message or {"role": "assistant", "content": "ok"})
             settle = await bench.gateway.settle() if bench.gateway else 0.0
             up = upstream_figures(bench)
             rows.append({
                 "workload": "longmemeval", "mode": mode, "case": case["question_id"],
-                "client_requests": 1, "client_errors": int(reply.status != 200),
-                "client_tokens": count_prompt(body), "p50_s": reply.elapsed, "max_s": reply.elapsed,
-                "wall_s": reply.elapsed, "settle_s": settle,
+                "client_requests": len(requests), "client_errors": int(reply.status != 200),
+                "client_tokens": sum(count_prompt(b) for b, _ in requests), "p50_s": reply.elapsed,
+                "max_s": reply.elapsed, "wall_s": reply.elapsed, "settle_s": settle,
                 "checkpoints": checkpoints_of(bench, sid),
-                "ideal": billing.ideal_direct([(body, reply.message)]), **up,
+                **({"facts_asked": 1, "facts_recalled": int(kept)} if args.lme_recall else {}),
+                "ideal": billing.ideal_direct(requests), **up,
             })
     finally:
         await client.close()
@@ -695,7 +717,7 @@ async def run(args) -> dict:
             t = time.perf_counter()
             rows += await loops(args, mode, workload)
             timings[f"{workload}/{mode}"] = time.perf_counter() - t
-    cases = load_cases(args.cases) if args.cases else []
+    cases = load_cases(args.cases + args.case_offset)[args.case_offset:] if args.cases else []
     for mode in args.mode_list if cases else ():
         t = time.perf_counter()
         rows += await longmemeval(args, mode, cases)
@@ -731,9 +753,11 @@ async def run(args) -> dict:
                  + f"; total {time.perf_counter() - started:.0f}s")
     if cases:
         notes.append(f"LongMemEval: {len(cases)} cases ({', '.join(c['question_id'] for c in cases[:4])}"
-                     f"{', ...' if len(cases) > 4 else ''}), one request each, question as a plain "
-                     "user message; summary calls are the background catch-up after the response, "
-                     "which a single-request session cannot amortise; "
+                     f"{', ...' if len(cases) > 4 else ''}), one request each, question as "
+                     + ("RECALL: <question> (facts = evidence kept)" if args.lme_recall else "a plain user message")
+                     + (f", then {args.lme_followups} plain follow-up(s)" if args.lme_followups else "")
+                     + "; a one-shot arrival's catch-up summary waits for the session's second request "
+                     "(issue 29); "
                      + (f"summarizer prior reset to {args.arrival_prior:g} s/call before each arrival"
                         if args.arrival_prior else "summarizer estimate as learnt (arrivals may be "
                         "summarised synchronously)"))
@@ -746,6 +770,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", default=None, help="synthetic session seeds (default 1,2,3,4)")
     parser.add_argument("--rounds", type=int, default=60, help="rounds per synthetic session")
     parser.add_argument("--cases", type=int, default=None, help="LongMemEval cases (default 20; 0 = none)")
+    parser.add_argument("--case-offset", type=int, default=0,
+                        help="skip this many LongMemEval cases first (hold out the cases you tuned on)")
+    parser.add_argument("--lme-recall", action="store_true",
+                        help="ask each LongMemEval question as RECALL: <question> and count evidence recall (facts column)")
+    parser.add_argument("--lme-followups", type=int, default=0,
+                        help="plain requests that continue each LongMemEval session after its question (0 = one-shot)")
     parser.add_argument("--modes", default="direct,gateway")
     parser.add_argument("--fit", type=int, default=None,
                         help="LongMemEval cases for the fit-first section on fake-128k (default 10, quick 2; 0 = skip)")

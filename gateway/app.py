@@ -188,7 +188,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     summarizer = Summarizer(
         upstream=upstream, checkpoints=checkpoints, counter=counter, metrics=metrics,
         workers=settings.summary.workers, queue_size=settings.summary.queue_size, windows=windows,
-        config=settings.summary,
+        config=settings.summary, ledger=ledger,
     )
     await summarizer.start()
     views = ViewBuilder(

@@ -159,3 +159,14 @@ def summary_due(case: SummaryCase, trigger_ratio: float, rates: Rates) -> bool:
     saving = rates.cached * max(0, case.view_tokens - case.target_tokens) * further_requests(case.requests)
     price = summary_price(case.summary_input, case.summary_output, rates, cached_share=case.cached_share)
     return saving > price
+
+
+def requests_seen(turns_on_path: int, arrived: bool) -> int:
+    """The session's requests so far, for ``further_requests`` (issue 29, item 5). A request
+    that brought a history the gateway held none of (an *arrival*: a client switching to the
+    gateway with a long conversation, a one-shot question over a pasted haystack) has run one
+    request here, whatever turns it carries: whether it goes on is unknown until a second one
+    comes, so a catch-up summary of it is priced against one further request and waits (it
+    never pays). From the second request on, the conversation's own turns count, as for any
+    session (``turns_on_path``)."""
+    return 1 if arrived else turns_on_path

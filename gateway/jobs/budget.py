@@ -8,6 +8,11 @@ refilled continuously up to one hour's worth. A call reserves its estimate befor
 When the bucket cannot cover a call, the call is not made: the job writes deterministic state
 instead (``gateway.jobs.summarizer``), one warning names the tenant (never content), and
 ``palimpsest_tenant_budget_exceeded_total`` counts it.
+
+Before any of that, a catch-up must pay at all (``catch_up_pays``, issue 29): a request that
+brings a long history the gateway never held (an arrival) goes out tailored with the exact
+values and recall tools; folding its whole history is priced by the cost model against the
+one request the session has run here, and waits until the session goes on.
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ from __future__ import annotations
 import logging
 import time
 from typing import Callable
+
+from policies import Policy, TokenCounter
+from policies.cost import SUMMARY_TOKENS_PER_WORD, SummaryCase, cost_rates, requests_seen, summary_due
 
 log = logging.getLogger("palimpsest.budget")
 TENANTS_TRACKED = 10_000
@@ -65,3 +73,20 @@ class TenantBudget:
             for t in full or list(self._level)[: TENANTS_TRACKED // 10]:
                 del self._level[t]
         self._level[tenant] = (level, self._clock())
+
+
+def catch_up_pays(history: list[dict], ids: list[str], policy: Policy, budget: int, counter: TokenCounter) -> bool:
+    """Does folding an arrival's whole history pay, by the cost model's rule
+    (``policies/cost.summary_due``)? Its request goes out tailored to the budget either way;
+    the summary would settle later views at ``view_target_ratio`` of it, a saving over the
+    session's likely further requests, which for an arrival are one (``requests_seen``). The
+    fold reads the whole history uncached (the tailored view is no cache fork) and writes a
+    summary. Without the cost model (``cost_model = false``) the ratios decide: it pays."""
+    if not policy.cost_model:
+        return True
+    tokens = sum(counter.count_message(m, k) for m, k in zip(history, ids))
+    case = SummaryCase(client_tokens=tokens, view_tokens=budget, budget=budget, growth=0,
+                       requests=requests_seen(0, arrived=True), summary_input=tokens,
+                       summary_output=int(policy.summary_max_words * SUMMARY_TOKENS_PER_WORD),
+                       target_tokens=int(policy.view_target_ratio * budget))
+    return summary_due(case, policy.summary_trigger_ratio, cost_rates(policy))

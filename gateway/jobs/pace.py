@@ -11,7 +11,7 @@ its previous request (the newest answer and what follows it).
 from __future__ import annotations
 
 from policies import TokenCounter
-from policies.cost import SUMMARY_TOKENS_PER_WORD, SummaryCase, cost_rates, summary_due as cost_summary_due
+from policies.cost import SUMMARY_TOKENS_PER_WORD, SummaryCase, cost_rates, requests_seen, summary_due as cost_summary_due
 
 # Of a cache-forked summary call's input, the share the provider serves from its cache (all of
 # the view just sent; only the answer and the instruction are new).
@@ -37,6 +37,12 @@ def growth_on_path(history: list[dict], ids: list[str], counter: TokenCounter) -
     return sum(counter.count_message(m, k) for m, k in zip(history[last:], ids[last:]))
 
 
+def arrived(chat) -> bool:
+    """Did this request bring its whole history, none of it held by the ledger before? (The
+    path's ids are chained, so "its first event was unknown" means every event was.)"""
+    return bool(chat.history) and chat.added is not None and chat.added >= len(chat.history)
+
+
 def summary_due(turn, counter: TokenCounter, forks: bool) -> bool:
     """After a response: should a background summary be written now? (`forks`: the summary
     call would be a cache fork of the view just sent.)"""
@@ -46,7 +52,9 @@ def summary_due(turn, counter: TokenCounter, forks: bool) -> bool:
         return view.upstream_tokens >= policy.summary_trigger_ratio * view.budget
     case = SummaryCase(
         client_tokens=view.client_tokens, view_tokens=view.upstream_tokens, budget=view.budget,
-        growth=growth_on_path(chat.history, chat.ids, counter), requests=requests_on_path(chat.history),
+        growth=growth_on_path(chat.history, chat.ids, counter),
+        # An arrival (this request brought its whole history to the ledger) has run one request.
+        requests=requests_seen(requests_on_path(chat.history), arrived(chat)),
         # A fork reads the view; a view with a checkpoint folds about what it shows after the
         # boundary; without one, everything.
         summary_input=view.upstream_tokens if forks or view.checkpoint else view.client_tokens,

@@ -42,7 +42,7 @@ from gateway.http.routing import Upstreams
 from gateway.jobs.backoff import Breaker, SessionBackoff
 from gateway.jobs.pace import summary_due
 from gateway.settings import SummarySettings
-from gateway.jobs.budget import TenantBudget
+from gateway.jobs.budget import TenantBudget, catch_up_pays
 from gateway.jobs.checked import check as checked_checkpoint, covered_values
 from gateway.jobs.summary_model import (Auth, BudgetExceeded, SummaryFailed, SummaryJob, SummaryModel, SummaryRejected,
                                         fork_applies, fork_parent)
@@ -67,8 +67,9 @@ def state_summary(messages: list[dict], previous: str | None, state: dict, polic
 
 class Summarizer:
     def __init__(self, *, upstream: Upstreams, checkpoints, counter: TokenCounter, metrics, workers: int, queue_size: int,
-                 windows=None, config=None) -> None:
+                 windows=None, config=None, ledger=None) -> None:
         self.upstream = upstream
+        self.ledger = ledger  # to tell an arrival (a path it holds none of) on the sync path
         self.windows = windows
         self.checkpoints = checkpoints
         self.counter = counter
@@ -156,6 +157,9 @@ class Summarizer:
         """Join the session's running job or start one; wait until `deadline` at most."""
         task = self._running.get(ref.key)
         if task is None:
+            if await self._arrival(ref, chat) and not catch_up_pays(chat.history, chat.ids, policy, budget, self.counter):
+                self.metrics.summary_skipped.labels("arrival").inc()
+                return None  # tailored with the exact values and recall; folded once the session goes on
             if self._full():
                 self.metrics.summary_dropped.labels("queue_full").inc()
                 return None  # degrade to tailoring, not to unbounded jobs in memory
@@ -182,6 +186,13 @@ class Summarizer:
             return None
         except Exception:
             return None
+
+    async def _arrival(self, ref: SessionRef, chat) -> bool:
+        """Does this request bring a history the ledger holds none of? (Asked before the ledger
+        sync; ids are chained, so an unknown first event means every event is unknown.)"""
+        if self.ledger is None or not chat.ids:
+            return False
+        return await store_call(self.ledger.get, ref.key, chat.ids[0]) is None
 
     def _full(self) -> bool:
         return len(self._running) + self._queue.qsize() + self._in_hand >= self._max_running

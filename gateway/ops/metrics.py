@@ -76,7 +76,7 @@ class Metrics:
         self.summary_input_events = Counter(p + "summary_input_events_total", "Events folded into summaries.", registry=r)
         self.summary_compression = Histogram(p + "summary_compression_ratio", "Summary tokens / covered tokens.", buckets=RATIO_BUCKETS, registry=r)
         self.summary_queue_depth = Gauge(p + "summary_queue_depth", "Summary jobs waiting.", registry=r)
-        self.summary_skipped = Counter(p + "summary_jobs_skipped_total", "Summary jobs not started: session backing off, breaker open or Retry-After.", ["reason"], registry=r)
+        self.summary_skipped = Counter(p + "summary_jobs_skipped_total", "Summary jobs not started: session backing off, breaker open, Retry-After, or an arrival the cost model defers.", ["reason"], registry=r)
         self.summary_calls = Counter(p + "summary_calls_total", "Summary model calls by outcome.", ["outcome"], registry=r)
         self.summary_breaker_transitions = Counter(p + "summary_breaker_transitions_total", "Summary model circuit breaker transitions.", ["kind"], registry=r)
         self.summary_breakers_open = Gauge(p + "summary_breakers_open", "Summary models whose circuit breaker is open or half-open.", registry=r)

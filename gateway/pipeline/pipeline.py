@@ -325,7 +325,7 @@ async def sync_history(ledger, metrics, quota: StorageQuota | None, ref, chat, i
         synced = await asyncio.to_thread(ledger.sync, ref, chat.history, ids, chat.model)
     else:
         synced = await store_call(ledger.sync, ref, chat.history, ids, chat.model)  # off the loop on PostgreSQL
-    chat.ids = synced.ids
+    chat.ids, chat.added = synced.ids, synced.added  # added: the summary cost model tells an arrival by it
     if synced.added:
         metrics.ledger_events.labels("message").inc(synced.added)
         if quota is not None:

@@ -23,6 +23,7 @@ class ChatRequest:
     ids: list[str] = field(default_factory=list)
     format: str = "chat"  # the wire format the client spoke (its adapter's room: chat/, responses/, messages/)
     compact: bool = False  # the client asked for the conversation to be compacted (Responses: compaction_trigger)
+    added: int | None = None  # events of `history` this request added to the ledger (None: not synced)
 
 
 def _too_deep(body: dict) -> bool:

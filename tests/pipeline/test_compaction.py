@@ -148,9 +148,14 @@ async def test_big_arrival_goes_out_tailored_with_state_without_waiting(start_ga
     assert not any("DEP-58213" in (m.get("content") or "") for m in sent["messages"][at + 1:])
     assert {"session_search", "session_load"} <= {t["function"]["name"] for t in sent["tools"]}
     assert_every_upstream_request_valid(upstream)
-    # The summary catches up in the background.
+    # A one-shot arrival pays no catch-up (the cost model prices it against the one request the
+    # session has run: tests/gateway/test_arrival.py); once the session goes on, the summary comes.
     await settle(gw)
     key = gw.app[LEDGER].sessions()[0].key
+    assert not gw.app[CHECKPOINTS].list(key)
+    history += [{"role": "assistant", "content": "ok: what next?"}, {"role": "user", "content": "and then?"}]
+    await client(gw, "arrival").chat.completions.create(model="fake-32k", messages=history)
+    await settle(gw)
     assert gw.app[CHECKPOINTS].list(key)
 
 
