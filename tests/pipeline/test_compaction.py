@@ -149,7 +149,7 @@ async def test_big_arrival_goes_out_tailored_with_state_without_waiting(start_ga
     assert {"session_search", "session_load"} <= {t["function"]["name"] for t in sent["tools"]}
     assert_every_upstream_request_valid(upstream)
     # A one-shot arrival pays no catch-up (the cost model prices it against the one request the
-    # session has run: tests/gateway/test_arrival.py); once the session goes on, the summary comes.
+    # session has run: tests/pipeline/test_arrival.py); once the session goes on, the summary comes.
     await settle(gw)
     key = gw.app[LEDGER].sessions()[0].key
     assert not gw.app[CHECKPOINTS].list(key)
