@@ -71,6 +71,7 @@ class Target:
     load_latencies: list[float] = field(default_factory=list)  # phase 2, both passes
     load_wall: float = 0.0
     rss_mb: float | None = None
+    cpu_ms: float | None = None  # CPU time of the process tree per sequential request (phase 1)
 
 
 # --- processes ---------------------------------------------------------------------------------
@@ -123,6 +124,27 @@ def tree_rss_mb(pid: int) -> float | None:
                     seen = True
         stack.extend(children.get(current, []))
     return total_kb / 1024 if seen else None
+
+
+def tree_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of pid and all its descendants, in seconds (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            stat = (entry / "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+    ticks, stack, seen = 0, [pid], False
+    while stack:
+        current = stack.pop()
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+            seen = True
+        stack.extend(children.get(current, []))
+    return ticks / os.sysconf("SC_CLK_TCK") if seen else None
 
 
 def log_tail(path: Path, lines: int = 6) -> str:
@@ -363,7 +385,10 @@ def pool(limit: int) -> aiohttp.ClientSession:
 
 async def sequential(targets: list[Target], sessions: dict[str, aiohttp.ClientSession],
                      n: int, warmup: int) -> None:
+    cpu_before: dict[str, float | None] = {}
     for round_ in range(-warmup, n):
+        if round_ == 0:  # CPU time from here: what each process spends on the measured requests
+            cpu_before = {t.name: tree_cpu_seconds(t.proc.pid) if t.proc else None for t in targets}
         offset = round_ % len(targets)
         for target in targets[offset:] + targets[:offset]:
             try:
@@ -374,6 +399,11 @@ async def sequential(targets: list[Target], sessions: dict[str, aiohttp.ClientSe
                 elapsed = float("nan")
             if round_ >= 0:
                 target.latencies.append(elapsed)
+    for target in targets:
+        before = cpu_before.get(target.name)
+        after = tree_cpu_seconds(target.proc.pid) if target.proc else None
+        if before is not None and after is not None and n:
+            target.cpu_ms = (after - before) / n * 1e3
 
 
 async def load(target: Target, concurrency: int, seconds: float) -> None:
@@ -423,6 +453,7 @@ def figures(target: Target, direct: Target) -> dict:
         "load_errors": target.load_errors,
         "load_p50_ms": target.load_p50 * 1e3,
         "idle_rss_mb": target.rss_mb,
+        "cpu_ms_per_request": target.cpu_ms,
     }
 
 
@@ -431,7 +462,7 @@ def render(rows: list[dict], notes: list[str], args: argparse.Namespace) -> str:
         return "-" if value is None or value != value else f"{value:.{digits}f}"
 
     head = (f"{'target':<11} {'version':<19} {'p50':>7} {'p99':>7} {'+p50':>7} {'+p99':>7} "
-            f"{'Δp50':>7} {'Δp99':>7} {'req/s':>8} {'err':>5} {'p50@C':>7} {'RSS MB':>7}")
+            f"{'Δp50':>7} {'Δp99':>7} {'req/s':>8} {'err':>5} {'p50@C':>7} {'RSS MB':>7} {'CPU ms':>7}")
     body = f"{args.api} route" + (f", ~{args.body_kb} KB agent history per request" if args.body_kb else "")
     lines = [f"pass-through overhead ({body}): {args.n} sequential requests per target (interleaved), "
              f"then {args.concurrency} concurrent clients x {args.seconds:g}s per target; "
@@ -442,10 +473,11 @@ def render(rows: list[dict], notes: list[str], args: argparse.Namespace) -> str:
             f"{f(r['added_p50_ms']):>7} {f(r['added_p99_ms']):>7} "
             f"{f(r['p50_minus_direct_ms']):>7} {f(r['p99_minus_direct_ms']):>7} "
             f"{f(r['rps'], 0):>8} {r['load_errors'] + r['errors_sequential']:>5} "
-            f"{f(r['load_p50_ms'], 1):>7} {f(r['idle_rss_mb'], 0):>7}")
+            f"{f(r['load_p50_ms'], 1):>7} {f(r['idle_rss_mb'], 0):>7} {f(r['cpu_ms_per_request']):>7}")
     lines += ["", "+p50/+p99: percentiles of the per-round latency difference vs direct; "
               "Δp50/Δp99: difference of the percentiles; p50@C: p50 under load; "
-              "RSS: idle, whole process tree after warm-up."]
+              "RSS: idle, whole process tree after warm-up; CPU ms: the process tree's CPU time per "
+              "sequential request (user + system; steadier than latency on a busy machine)."]
     by_name = {r["target"]: r for r in rows}
     if (ours := by_name.get("palimpsest")) is not None:
         checks = [f"added p50 {f(ours['added_p50_ms'])} ms (target <= 1)",

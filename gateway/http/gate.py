@@ -26,6 +26,7 @@ from typing import Awaitable, Callable
 from aiohttp import web
 
 from gateway.http.errors import Unauthorized
+from gateway.pipeline.history_ids import MEMO_SCOPE
 from gateway.keys import IDENTITY, SETTINGS, TENANT
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -41,8 +42,12 @@ def _mark(handler: Handler, kind: str) -> Handler:
 def tenant_route(handler: Handler) -> Handler:
     @functools.wraps(handler)
     async def gated(request: web.Request) -> web.StreamResponse:
-        request[TENANT] = request.app[IDENTITY].tenant(request)
-        return await handler(request)
+        request[TENANT] = tenant = request.app[IDENTITY].tenant(request)
+        scope = MEMO_SCOPE.set(tenant)  # the parsers' memos are this tenant's (gateway/pipeline/history_ids.py)
+        try:
+            return await handler(request)
+        finally:
+            MEMO_SCOPE.reset(scope)
 
     return _mark(gated, TENANT_DATA)
 

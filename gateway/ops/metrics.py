@@ -10,6 +10,7 @@ the gateway's own route names, upstreams the configured ones' names.
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from gateway.ops.costs import Costs
@@ -19,6 +20,30 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 RATIO_BUCKETS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0)
 ROUND_BUCKETS = (0, 1, 2, 3, 4, 5, 8)
+
+
+class Children:
+    """A labelled metric whose children are kept in a dict by their label values: prometheus
+    client's ``labels()`` validates the values and takes a lock on every call, and a request
+    makes a dozen or more of them. Label values are bounded (see above), so is the dict.
+    Everything but ``labels`` is the metric's own."""
+
+    __slots__ = ("_metric", "_children")
+
+    def __init__(self, metric: MetricWrapperBase) -> None:
+        self._metric = metric
+        self._children: dict[tuple, MetricWrapperBase] = {}
+
+    def labels(self, *values, **named):
+        if named:
+            return self._metric.labels(*values, **named)
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
+
+    def __getattr__(self, name: str):
+        return getattr(self._metric, name)
 
 
 class Metrics:
@@ -110,6 +135,9 @@ class Metrics:
         self.arm_recall_calls = Counter(p + "arm_recall_calls_total", "Recall tool calls resolved by the gateway, by arm.", ["arm"], registry=r)
         self.arm_rejections = Counter(p + "arm_context_rejections_total", "Requests refused 400 context_length_exceeded, by arm.",
                                       ["arm"], registry=r)
+        for name, metric in list(vars(self).items()):
+            if isinstance(metric, MetricWrapperBase) and metric._labelnames:
+                setattr(self, name, Children(metric))
 
     def arm_billed(self, arm: str, model: str, billed, what: str = "billed", output_rate: float = 4.0) -> None:
         """One request's (or summary call's) tokens, priced, into its arm's counters."""

@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import json
 import secrets
+import threading
 import time
+import weakref
+from collections import OrderedDict
 from typing import Any
 
 import orjson
@@ -50,7 +53,7 @@ def prompt_items(turn: Any, counter, views) -> tuple[list[dict], int]:
         items = [{"kind": "instructions", "role": m.get("role"), "tokens": counter.count_message(m)} for m in chat.instructions]
         if chat.history and chat.ids:
             items.append({"kind": "verbatim", "from": chat.ids[0], "to": chat.ids[-1], "messages": len(chat.ids),
-                          "tokens": counter.count_messages(chat.history, list(chat.ids)) - REPLY_PRIMING})
+                          "tokens": path_tokens(counter, chat.history, chat.ids)})
         elif chat.history:
             items.append({"kind": "other", "tokens": counter.count_messages(chat.history) - REPLY_PRIMING})
         tools = chat.body.get("tools")
@@ -72,6 +75,36 @@ def prompt_items(turn: Any, counter, views) -> tuple[list[dict], int]:
         items.append({"kind": "wire_framing", "tokens": wire - total})
         total = wire
     return items, total
+
+
+# Tokens of a whole ledger path, by the counter and the path's last event id (a content address
+# of the whole path), so the next request of the session counts only what it added.
+_PATH_TOKENS: "weakref.WeakKeyDictionary[Any, OrderedDict[str, int]]" = weakref.WeakKeyDictionary()
+_PATH_TOKENS_LOCK = threading.Lock()
+PATH_TOKENS_KEPT = 4096  # paths remembered per counter
+LOOK_BACK = 64  # how far back a path's end is looked for (an agent's step adds a few messages)
+
+
+def path_tokens(counter, history: list[dict], ids: list[str]) -> int:
+    """``counter.count_messages(history, ids)`` without the reply priming, starting from the
+    longest remembered leading part of the path (the previous request's whole path)."""
+    with _PATH_TOKENS_LOCK:
+        known = _PATH_TOKENS.get(counter)
+        if known is None:
+            known = _PATH_TOKENS[counter] = OrderedDict()
+    start, total = 0, 0
+    for end in range(len(ids), max(0, len(ids) - LOOK_BACK), -1):
+        found = known.get(ids[end - 1])
+        if found is not None:
+            start, total = end, found
+            break
+    total += sum(counter.count_message(m, k) for m, k in zip(history[start:], ids[start:], strict=True))
+    with _PATH_TOKENS_LOCK:
+        known[ids[-1]] = total
+        known.move_to_end(ids[-1])
+        while len(known) > PATH_TOKENS_KEPT:
+            known.popitem(last=False)
+    return total
 
 
 def _view_items(turn: Any, counter) -> list[dict]:
@@ -215,7 +248,7 @@ def _summarised(notes, counter, chat, view) -> dict | None:
 
 def _tailoring(notes, items: list[dict], counter, chat) -> dict:
     dropped = (notes.dropped or []) if notes is not None else []
-    positions = {eid: i for i, eid in enumerate(chat.ids)}
+    positions = {eid: i for i, eid in enumerate(chat.ids)} if dropped else {}  # no pass over the path for nothing
     rows = [{"event_id": e, "tokens": counter.count_message(chat.history[positions[e]], e)} for e in dropped if e in positions]
     return {"dropped": rows, "dropped_tokens": sum(r["tokens"] for r in rows),
             "cut": [_strip(i) for i in items if i["kind"] == "cut"]}

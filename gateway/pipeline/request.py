@@ -24,6 +24,9 @@ class ChatRequest:
     format: str = "chat"  # the wire format the client spoke (its adapter's room: chat/, responses/, messages/)
     compact: bool = False  # the client asked for the conversation to be compacted (Responses: compaction_trigger)
     added: int | None = None  # events of `history` this request added to the ledger (None: not synced)
+    # What the parser saw of the list's literal elements for the request form (the format's
+    # request_form.skeleton reads it rather than walking the list again), None: not kept.
+    form: tuple | None = None
 
 
 def _too_deep(body: dict) -> bool:
@@ -37,14 +40,19 @@ def _too_deep(body: dict) -> bool:
     return False
 
 
-def json_object(raw: bytes) -> dict:
-    """The body as a JSON object the gateway can hash and forward, else 400 (every format)."""
+TOO_DEEP = "The request body is nested too deeply (JSON deeper than 254 levels)."
+
+
+def json_object(raw: bytes, *, depth_checked_by_caller: bool = False) -> dict:
+    """The body as a JSON object the gateway can hash and forward, else 400 (every format).
+    A caller that writes the body's parts anyway checks their depth itself (`depth_checked_by_caller`:
+    gateway/responses/adapter.py writes a big input list to compare it with the last one)."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise BadRequest(f"We could not parse the JSON body of your request ({exc.args[0]}).") from None
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object.")
-    if _too_deep(body):
-        raise BadRequest("The request body is nested too deeply (JSON deeper than 254 levels).")
+    if not depth_checked_by_caller and _too_deep(body):
+        raise BadRequest(TOO_DEEP)
     return body

@@ -25,12 +25,17 @@ each format words it in its API's own style (the param ``input[0].content[1]`` o
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.http.errors import BadRequest
 
 Path = tuple[str | int, ...]
+# (id of an array, n): the check passes over that array's first n elements, which the parser
+# saw before, equal byte for byte, and which passed this same check then
+# (gateway/pipeline/history_ids.py, ``ListMemo``).
+_SKIP: ContextVar[tuple[int, int] | None] = ContextVar("shape_skip", default=None)
 
 
 class Invalid(Exception):
@@ -111,8 +116,10 @@ class ListOf(Shape):
     def check(self, value: Any) -> None:
         if not isinstance(value, list) or (self.nonempty and not value):
             raise Invalid((), f"a non-empty {self.expected.removeprefix('an ')}" if self.nonempty else self.expected)
-        item, plain = self.item, self.plain
-        for i, x in enumerate(value):
+        item, plain, skip = self.item, self.plain, _SKIP.get()
+        start = skip[1] if skip is not None and skip[0] == id(value) else 0
+        for i in range(start, len(value)):
+            x = value[i]
             if plain is not None:
                 if not isinstance(x, plain):
                     raise Invalid((i,), item.expected)
@@ -226,14 +233,20 @@ class Style:
     missing: str  # with {param}
     invalid: str  # with {param} and {expected}
 
-    def check(self, shape: Shape, body: Any) -> None:
-        """`shape.check(body)`, a refusal raised as a 400 (BadRequest) naming the field."""
+    def check(self, shape: Shape, body: Any, known: tuple[list, int] | None = None) -> None:
+        """`shape.check(body)`, a refusal raised as a 400 (BadRequest) naming the field; with
+        `known` (array, n), that array's first n elements passed this check before and are not
+        walked again."""
+        token = _SKIP.set((id(known[0]), known[1])) if known is not None and known[1] else None
         try:
             shape.check(body)
         except Invalid as exc:
             name = self.param(exc.path)
             template = self.missing if exc.missing else self.invalid
             raise BadRequest(template.format(param=name, expected=exc.expected), param=name or None) from None
+        finally:
+            if token is not None:
+                _SKIP.reset(token)
 
 
 OPENAI = Style(openai_param, "Missing required parameter: '{param}'.", "Invalid value for '{param}': expected {expected}.")

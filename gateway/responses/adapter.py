@@ -25,7 +25,9 @@ from typing import Any
 
 import orjson
 
-from gateway.pipeline.request import ChatRequest, json_object
+from gateway.http.errors import BadRequest
+from gateway.pipeline.history_ids import INPUTS
+from gateway.pipeline.request import TOO_DEEP, ChatRequest, json_object
 from gateway.responses.cache_breakpoints import place_breakpoints
 from gateway.responses import shape
 from policies.conversation import opaque_identity, wire_items, with_wire
@@ -39,11 +41,29 @@ CALL_ARGUMENT_FIELDS = ("arguments", "input", "action", "code")
 
 def parse_responses_request(raw: bytes) -> ChatRequest:
     """The request body as a ChatRequest in the neutral model (a 400 naming the field on what
-    does not have the declared shape, ``gateway/responses/shape.py``)."""
-    body = json_object(raw)
-    shape.STYLE.check(shape.REQUEST, body)
+    does not have the declared shape, ``gateway/responses/shape.py``).
+
+    A big body's input is compared, as JSON bytes, with the list the tenant last sent starting
+    with the same item (``INPUTS``, gateway/pipeline/history_ids.py): the items an
+    agent resends byte for byte are neither checked nor converted again."""
+    body = json_object(raw, depth_checked_by_caller=True)
+    value = body.get("input")
+    memo = isinstance(value, list) and bool(value) and len(raw) >= INPUTS.min_bytes
+    same, ends, before = 0, [], None
+    try:  # json_object's depth check, with the input list written once for it and for the memo
+        if memo:
+            # `[input]`: the list one level down, as in the body; compared as it is written.
+            blob, first = orjson.dumps([value]), orjson.dumps(value[0])
+            orjson.dumps({k: v for k, v in body.items() if k != "input"})
+        else:
+            orjson.dumps(body)
+    except orjson.JSONEncodeError:
+        raise BadRequest(TOO_DEEP) from None
+    if memo:
+        same, ends, before = INPUTS.lookup(first, blob)
+    shape.STYLE.check(shape.REQUEST, body, (value, same))
     instructions = body.get("instructions")
-    items = input_items(body.get("input"))
+    items = input_items(value)
     compact = bool(items) and items[-1].get("type") == "compaction_trigger"
     if compact:
         items = items[:-1]  # a request, not history: the gateway answers it (gateway/responses/compaction.py)
@@ -51,9 +71,46 @@ def parse_responses_request(raw: bytes) -> ChatRequest:
     if isinstance(instructions, str) and instructions:
         # Counted as an instruction; rendered nowhere (it stays in the body's own field).
         leading.append(with_wire({"role": "system", "content": instructions}, FORMAT, []))
-    neutral_instructions, history = to_neutral(items)
+    resume = _resume(before, min(same, len(items)))
+    safe: list[tuple[int, int, int]] = []
+    at: list[int] = []
+    neutral_instructions, history = to_neutral(items, resume=resume, safe=safe if memo else None, at=at)
+    if memo:
+        offset = ends[-1] + 1 if ends else 2  # after the two opening brackets or the previous element's comma
+        for item in value[same:]:  # where each new element ends in `blob`
+            ends.append(offset + len(orjson.dumps(item)))
+            offset = ends[-1] + 1
+        if offset == len(blob) - 1:  # then the two closing brackets; else the offsets are wrong: nothing is remembered
+            # Copies of the lists (not of the items): a later change to this request's lists leaves the memo as it was.
+            INPUTS.remember(first, blob, ends, (safe, list(neutral_instructions), list(history), at), len(raw))
+    # The request form's literals (gateway/responses/request_form.py): each system or developer
+    # item where it stood among the history items, and a final compaction_trigger.
+    literals = [[position, m["wire"]["items"][0]] for position, m in zip(at, neutral_instructions)]
+    if compact:
+        literals.append([len(history), value[-1]])
     return ChatRequest(raw, body, body["model"], bool(body.get("stream")), leading + neutral_instructions, history,
-                       body.get("max_output_tokens") or 0, format=FORMAT, compact=compact)
+                       body.get("max_output_tokens") or 0, format=FORMAT, compact=compact, form=(literals, len(history)))
+
+
+def _resume(before, same: int) -> tuple[int, list[dict], list[dict], list, list[int]] | None:
+    """Where to resume converting a list whose first `same` items are those of `before` (a
+    remembered parse: its safe points, instructions and history): the last point at or before
+    `same` where no model-side run was open, the neutral items made up to it, the safe points
+    before it, and where its instructions stood."""
+    if before is None or not same:
+        return None
+    safe, instructions, history, at = before
+    lo, hi = 0, len(safe)  # safe points are in order of their item index
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if safe[mid][0] <= same:
+            lo = mid + 1
+        else:
+            hi = mid
+    if not lo:
+        return None
+    point, n_instructions, n_history = safe[lo - 1]
+    return point, instructions[:n_instructions], history[:n_history], safe[:lo - 1], at[:n_instructions]
 
 
 def input_items(value: Any) -> list[dict]:
@@ -144,24 +201,46 @@ def tool_item(item: dict) -> dict:
                      FORMAT, [item])
 
 
-def to_neutral(items: list[dict], *, hoist: bool = True) -> tuple[list[dict], list[dict]]:
+def to_neutral(items: list[dict], *, hoist: bool = True, resume: tuple | None = None,
+               safe: list[tuple[int, int, int]] | None = None, at: list[int] | None = None) -> tuple[list[dict], list[dict]]:
     """(instructions, history) of a list of input items; with ``hoist`` False, system and
-    developer messages stay in the history where they are (instructions is then empty)."""
+    developer messages stay in the history where they are (instructions is then empty).
+
+    `resume` (start, instructions, history, safe points, positions): the items before ``start``
+    are known to make these (a previous request's parse of the same items; no run was open
+    there), so conversion starts there. `safe`, when given, gets every such point of this list:
+    (item index, how many instructions, how many history items), in order. `at`, when given,
+    gets each hoisted instruction's position: how many history items stood before it, a run
+    open there counted as one."""
     instructions: list[dict] = []
     history: list[dict] = []
     group: list[dict] = []
+    start = 0
+    if resume is not None:
+        start, done_instructions, done_history, done_safe, done_at = resume
+        instructions.extend(done_instructions)
+        history.extend(done_history)
+        if safe is not None:
+            safe.extend(done_safe)
+        if at is not None:
+            at.extend(done_at)
 
     def flush() -> None:
         if group:
             history.append(assistant_item(list(group)))
             group.clear()
 
-    for item in items:
+    for i in range(start, len(items)):
+        item = items[i]
+        if safe is not None and not group:
+            safe.append((i, len(instructions), len(history)))
         kind = item.get("type", "message")
         role = item.get("role")
         if kind == "message" and role in INSTRUCTION_ROLES:
             if not hoist:
                 flush()
+            elif at is not None:
+                at.append(len(history) + bool(group))
             (instructions if hoist else history).append(with_wire({"role": "system", "content": content_parts(item.get("content"))}, FORMAT, [item]))
         elif kind == "message" and role == "user":
             flush()
@@ -174,6 +253,8 @@ def to_neutral(items: list[dict], *, hoist: bool = True) -> tuple[list[dict], li
             history.append(assistant_item([item]))
         else:
             group.append(item)
+    if safe is not None and not group:
+        safe.append((len(items), len(instructions), len(history)))
     flush()
     return instructions, history
 

@@ -97,7 +97,9 @@ class Compactor:
     # -- a compaction item in the input --------------------------------------------------------
 
     def ours(self, chat) -> bool:
-        return any(self.refs(m) for m in chat.history)
+        # Only an assistant item with opaque parts can stand for a compaction item (the adapter
+        # keeps every item it does not read there): the others' wire items are not looked at.
+        return any(self.refs(m) for m in chat.history if m.get("opaque"))
 
     def refs(self, message: dict) -> list[tuple[str, str]]:
         return [r for item in wire_items(message, fmt.FORMAT) or () if (r := self.reference(item))]

@@ -23,8 +23,12 @@ def _literal(item: dict, last: bool) -> bool:
 
 def skeleton(chat: ChatRequest) -> dict[str, Any]:
     raw = chat.body.get("input")
+    params = {k: v for k, v in chat.body.items() if k != "input"}
+    if chat.form is not None:  # the parser saw the literals (gateway/responses/adapter.py): the list is not walked again
+        literals, tail = chat.form
+        return {"format": FORMAT, "params": params, "literals": literals, "tail": tail, "input_string": isinstance(raw, str)}
     items = input_items(raw)
-    literals: list[list] = []
+    literals = []
     seen, run = 0, False  # neutral history items so far (as adapter.to_neutral groups them); in a model-side run
     for i, item in enumerate(items):
         kind = item.get("type", "message")
@@ -34,8 +38,7 @@ def skeleton(chat: ChatRequest) -> dict[str, Any]:
             seen, run = seen + run + 1, False
         else:
             run = True
-    return {"format": FORMAT, "params": {k: v for k, v in chat.body.items() if k != "input"},
-            "literals": literals, "tail": seen + run, "input_string": isinstance(raw, str)}
+    return {"format": FORMAT, "params": params, "literals": literals, "tail": seen + run, "input_string": isinstance(raw, str)}
 
 
 def rebuild(form: dict[str, Any], history: list[dict]) -> tuple[dict[str, Any], bool]:
