@@ -285,3 +285,11 @@ def test_the_room_check_catches_a_crossing():
     own = _synthetic("gateway.chat.adapter", "from gateway.chat import x\nfrom gateway.pipeline import views\n", known)
     found = room_offenders({m.name: m for m in (crossing, shared, own)})
     assert found == {"gateway.responses.adapter": ["gateway.chat.adapter"], "gateway.pipeline.views": ["gateway.responses.adapter"]}
+
+
+def test_the_view_planner_is_pure():
+    """policies/planner.py decides the view (issue 25): it knows neither the gateway nor the store,
+    and the gateway's view shell calls it."""
+    planner = MODULES["policies.planner"]
+    assert sorted(t for t in planner.every if t.split(".")[0] in ("gateway", "store")) == []
+    assert "policies.planner" in MODULES["gateway.pipeline.views"].every

@@ -23,7 +23,6 @@ are ``WirePipeline``'s (``gateway/pipeline/pipeline.py``).
 from __future__ import annotations
 
 import contextlib
-import copy
 
 import orjson
 from aiohttp import web
@@ -38,7 +37,6 @@ from gateway.messages.fork import FORMAT_HEADERS, summary_fork as messages_fork
 from gateway.http.gate import tenant_of
 from gateway.messages.recall import RECALL
 from gateway.messages.stream import MessageAssembler, answer_of, chat_usage, encode
-from gateway.ops.readonly import NoMetrics, NoSummaries
 from gateway.pipeline.history_ids import history_ids
 
 ROUTE = "messages"
@@ -82,9 +80,7 @@ class MessagesPipeline(WirePipeline):
     def __init__(self, **parts) -> None:
         super().__init__(**parts)
         # A view builder that cannot start summary jobs or move counters (count_tokens).
-        self._estimates = copy.copy(self.views)
-        self._estimates.summarizer = NoSummaries()
-        self._estimates.metrics = NoMetrics()
+        self._estimates = self.views.readonly()
 
     def parse_and_hash(self, raw: bytes):
         return parse_and_hash(raw)

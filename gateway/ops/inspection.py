@@ -18,14 +18,13 @@ every past request. A session is read with one ledger query (docs/architecture.m
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 
 from gateway.chat.adapter import chat_request
 from gateway.http.errors import BadRequest, NotFound
 from gateway.pipeline.views import ViewBuilder
-from gateway.ops.readonly import CheckpointsAsOf, NoMetrics, NoSummaries, RecordedWindows, SessionEvents
+from gateway.ops.readonly import CheckpointsAsOf, RecordedWindows, SessionEvents
 from store.records import Checkpoint, Event, SessionRecord, SessionRef
 from store.turns import TurnBasis
 
@@ -66,18 +65,12 @@ class Inspector:
     @classmethod
     def wrap(cls, *, ledger, checkpoints, views: ViewBuilder, settings, turns) -> "Inspector":
         """A read-only copy of the gateway's view builder: same windows, counter, calibration."""
-        builder = copy.copy(views)
-        builder.summarizer = NoSummaries()
-        builder.metrics = NoMetrics()  # the gateway's counters stay honest
-        return cls(ledger, checkpoints, builder, settings, turns)
+        return cls(ledger, checkpoints, views.readonly(), settings, turns)  # the gateway's counters stay honest
 
     def _builder(self, cutoff: float | None, recorded: dict[str, int] | None = None) -> ViewBuilder:
         # One copy per view: concurrent inspections never share a cutoff.
-        builder = copy.copy(self.views)
-        builder.checkpoints = CheckpointsAsOf(self.checkpoints, cutoff)
-        if recorded:
-            builder.windows = RecordedWindows(recorded, self.views.windows)
-        return builder
+        windows = RecordedWindows(recorded, self.views.windows) if recorded else self.views.windows
+        return self.views.readonly(checkpoints=CheckpointsAsOf(self.checkpoints, cutoff), windows=windows)
 
     @property
     def counter(self):

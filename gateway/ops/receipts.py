@@ -3,7 +3,7 @@
 
 The pipeline names each request's receipt before anything is sent (``x-palimpsest-receipt``);
 the ``TurnRecorder`` builds it when the request is over, from what the view plan gathered where
-it decided (``gateway.pipeline.views.ViewNotes``) and what the upstream billed, and keeps it in
+it decided (``policies.planner.ViewNotes``) and what the upstream billed, and keeps it in
 the ``ReceiptStore`` (the turn log's file) as long as the session. The receipt itemises the
 prompt the first upstream call carried, message by message, in the gateway's own token count
 (the counter the view was fitted with, before per-model calibration): the items add up to

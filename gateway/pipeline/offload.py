@@ -21,7 +21,6 @@ exact-value extraction over a 10,000-message delta takes ~1-2 s) runs in a worke
 from __future__ import annotations
 
 import asyncio
-import copy
 import inspect
 from collections.abc import Mapping
 from typing import Any, Callable, TypeVar
@@ -96,10 +95,7 @@ async def build_view(views: ViewBuilder, chat: ChatRequest, ref: SessionRef, aut
     if not is_big(chat.raw):
         return await views.build(chat, ref, auth)
     loop = asyncio.get_running_loop()
-    worker = copy.copy(views)
-    for name, collaborator in vars(views).items():
-        if _has_coroutines(collaborator):
-            setattr(worker, name, OnLoop(collaborator, loop))
+    worker = views.copy_with(**{name: OnLoop(part, loop) for name, part in vars(views).items() if _has_coroutines(part)})
     return await asyncio.to_thread(asyncio.run, worker.build(chat, ref, auth))
 
 

@@ -188,14 +188,7 @@ class WirePipeline:
             turn.receipt = new_receipt_id()
             turn.headers[RECEIPT_HEADER] = turn.receipt
             turn.headers["x-palimpsest-session"] = ref.session_id
-            turn.headers["x-palimpsest-prompt-tokens-client"] = str(view.client_tokens)
-            turn.headers["x-palimpsest-prompt-tokens-upstream"] = str(view.upstream_tokens)
-            if view.checkpoint:
-                turn.headers["x-palimpsest-checkpoint"] = view.checkpoint
-            if view.truncated_tool_results:
-                turn.headers["x-palimpsest-truncated-tool-results"] = str(view.truncated_tool_results)
-            if view.truncated_last_message:
-                turn.headers["x-palimpsest-truncated-last-message"] = "true"
+            view_headers(turn)
         return turn
 
     async def start(self, request: web.Request):
@@ -227,6 +220,8 @@ class WirePipeline:
         and logged whatever happens."""
         try:
             if self.recalls(turn):
+                if await self.loop.recall_ahead(turn):
+                    view_headers(turn)  # the view grew by a proactive recall block: its figures moved
                 response = await self.loop.respond(request, turn, self)  # this pipeline is the loop's RecallAdapter
             else:
                 response = await self.relay(request, turn)
@@ -335,3 +330,18 @@ async def sync_history(ledger, metrics, quota: StorageQuota | None, ref, chat, i
 def stored_bytes(messages: list[dict]) -> int:
     """About what the ledger stores for `messages` (their JSON), for the storage quota."""
     return sum(len(orjson.dumps(m)) for m in messages)
+
+
+def view_headers(turn: Turn) -> None:
+    """The view's figures as the turn's ``x-palimpsest-*`` headers."""
+    view, headers = turn.view, turn.headers
+    headers["x-palimpsest-prompt-tokens-client"] = str(view.client_tokens)
+    headers["x-palimpsest-prompt-tokens-upstream"] = str(view.upstream_tokens)
+    if view.checkpoint:
+        headers["x-palimpsest-checkpoint"] = view.checkpoint
+    for name, value in (("x-palimpsest-truncated-tool-results", view.truncated_tool_results or None),
+                        ("x-palimpsest-truncated-last-message", "true" if view.truncated_last_message else None)):
+        if value is None:
+            headers.pop(name, None)
+        else:
+            headers[name] = str(value)

@@ -55,8 +55,12 @@ class RecallLoop:
         self._drop = frozenset({session_header.lower(), BYPASS_HEADER})  # the gateway's own headers stay here
         self.tool_less: set[str] = set()  # models whose upstream refused the recall tools (this process)
 
+    async def recall_ahead(self, turn: Turn) -> bool:
+        """Proactive recall (recall.auto_tokens, gateway/recall/auto.py): True when the view got
+        a recalled-history block (planned and counted into it, so its figures changed)."""
+        return await add_recalled_history(self.tools, self.views, turn)
+
     async def respond(self, request: web.Request, turn: Turn, adapter: RecallAdapter) -> web.StreamResponse:
-        await add_recalled_history(self.tools, self.views, turn)  # recall.auto_tokens (gateway/recall/auto.py)
         if turn.chat.model in self.tool_less and not (turn.chat.body.get("tools") or turn.chat.body.get("functions")):
             turn.recall_refused = True
         try:

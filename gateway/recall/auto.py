@@ -11,8 +11,10 @@ start of that user message instead (chat templates that require turns to alterna
 ``"system"`` makes it a system message of its own. The block says it is historical data, not
 instructions, and carries each passage as one JSON object per line: a passage cannot start a
 line of its own ("SYSTEM: ..."), and any fence tag inside one (``</recalled_history >``,
-``<RECALLED_HISTORY>``, whatever the case and spacing) is defused. It costs no upstream call; it must fit the window, so the
-grown view is refitted, and a block that cannot fit is left out. Recall tools stay offered.
+``<RECALLED_HISTORY>``, whatever the case and spacing) is defused. It costs no upstream call. The
+search runs here (after the ledger sync, before the turn's headers); where the block goes and
+whether it fits is the planner's (``policies/planner.fit``): the planned view is fitted again with
+the block in it, so the view's token figures count it, and a block that cannot fit is left out. Recall tools stay offered.
 Only a request that ends with a user message (a fresh question or instruction) gets a block;
 the tool-result continuations of an agent loop, which repeat the same newest user message on
 every call, do not pay for it again.
@@ -28,6 +30,7 @@ import time
 from gateway.recall.tools import CHARS_PER_TOKEN, PASSAGE_SHARES, RecallTools
 from policies.fences import defuse
 from policies.messages import content_text
+from policies.planner import with_block  # noqa: F401 (the "user" placement; tests read it here)
 
 log = logging.getLogger("palimpsest.recall")
 
@@ -71,20 +74,21 @@ def _fresh_question(history: list[dict]) -> int | None:
     return None
 
 
-async def add_recalled_history(tools: RecallTools, views, turn) -> None:
-    """Grow `turn.view` by the recalled-history block, when enabled and something matches.
+async def add_recalled_history(tools: RecallTools, views, turn) -> bool:
+    """Grow `turn.view` by the recalled-history block, when enabled and something matches;
+    True when it did.
 
     Never fails the request: a failed search is logged and counted, and the view stays as it was.
     """
     view, chat = turn.view, turn.chat
     if tools.auto_tokens <= 0 or not view.hidden or view.messages is None or turn.ref is None:
-        return
+        return False
     newest = _fresh_question(chat.history)
     if newest is None:
-        return
+        return False
     query = content_text(chat.history[newest].get("content"))[:QUERY_CHARS]
     if not query.strip():
-        return
+        return False
     started = time.perf_counter()
     # The whole block stays within auto_tokens: fences, preamble, one header per hit and the
     # snippets of the hits after the best three come first; the passages share what is left.
@@ -99,7 +103,7 @@ async def add_recalled_history(tools: RecallTools, views, turn) -> None:
     key = turn.ref.key
     if key in tools.late_searches:
         tools.metrics.recall_calls.labels("auto", "busy").inc()
-        return
+        return False
     search = asyncio.ensure_future(tools.find(key, query, tools.path_scope(chat.ids, view.hidden), RESULTS,
                                               max(0, budget - fixed) // CHARS_PER_TOKEN,
                                               tools.expansion(query, view.summary, view.entities)))
@@ -108,48 +112,25 @@ async def add_recalled_history(tools: RecallTools, views, turn) -> None:
         tools.late_searches[key] = search  # kept referenced until it ends
         search.add_done_callback(lambda late: _finished_late(tools.late_searches, key, late))
         tools.metrics.recall_calls.labels("auto", "timeout").inc()
-        return
+        return False
     try:
         results = search.result()
     except Exception:
         log.exception("proactive recall failed; the request goes on without it")
         tools.metrics.recall_calls.labels("auto", "error").inc()
-        return
+        return False
     tools.metrics.recall_calls.labels("auto", "ok" if results else "empty").inc()
     tools.metrics.recall_seconds.labels("auto").observe(time.perf_counter() - started)
     while results and len(render_block(results)) > budget:
         results.pop()  # the budget is a promise: the weakest hits go first
     if not results:
-        return
-    messages = list(view.messages)
-    at = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "user"), len(messages))
-    block = render_block(results)
-    if tools.auto_placement == "user" and at < len(messages):
-        messages[at] = with_block(messages[at], block)
-    else:
-        messages.insert(at, {"role": "system" if tools.auto_placement == "system" else "user", "content": block})
-    fitted = views.refit(chat, messages, view.tools, view.budget)
-    if fitted is not None and any(_has_block(m) for m in fitted):
-        view.messages = fitted
+        return False
+    # The block is planned into the view and the view fitted with it (policies/planner.py), so
+    # its tokens count in the view's figures; a block that cannot fit is left out.
+    return views.recalled(chat, view, render_block(results), tools.auto_placement)
 
 
 def _finished_late(late_searches: dict[str, asyncio.Future], session_key: str, search: asyncio.Future) -> None:
     late_searches.pop(session_key, None)
     if not search.cancelled() and search.exception() is not None:
         log.warning("late proactive recall search failed: %s", type(search.exception()).__name__)
-
-
-def with_block(message: dict, block: str) -> dict:
-    """The user message with the block ahead of its own text ("user" placement: for chat
-    templates that allow a system message only first, or that require turns to alternate)."""
-    content = message.get("content")
-    if isinstance(content, list):
-        return {**message, "content": [{"type": "text", "text": block}, *content]}
-    return {**message, "content": f"{block}\n\n{content or ''}"}
-
-
-def _has_block(message: dict) -> bool:
-    content = message.get("content")
-    if isinstance(content, list):
-        content = next((p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"), "")
-    return isinstance(content, str) and content.startswith(OPEN)
