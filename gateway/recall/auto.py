@@ -130,6 +130,12 @@ async def add_recalled_history(tools: RecallTools, views, turn) -> None:
         messages.insert(at, {"role": "system" if tools.auto_placement == "system" else "user", "content": block})
     fitted = views.refit(chat, messages, view.tools, view.budget)
     if fitted is not None and any(_has_block(m) for m in fitted):
+        # The calibration learns (this estimate, the prompt tokens the upstream reports): the
+        # estimate must count the block too, or every request that carries one teaches it that
+        # the tokenizer counts ~auto_tokens more than it does, and with it every later budget,
+        # compaction and summary decision of the model drifts, by how long the search took
+        # (a search past auto_timeout_s adds no block). Tools are unchanged: the delta suffices.
+        view.raw_estimate += views.counter.count_messages(fitted) - views.counter.count_messages(view.messages)
         view.messages = fitted
 
 
