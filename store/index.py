@@ -278,7 +278,8 @@ class SearchIndex:
 
         `within`: only these events count (None: the whole session); `exclude_event_ids`:
         these are never returned, though they still lend their neighbours a share of score.
-        `expansion`: more words for the text leg only (store/query_expansion.py).
+        `expansion`: more words, searched by BM25 as a leg of their own, worth
+        `Ranking.expansion_weight` (store/query_expansion.py).
         """
         if limit <= 0 or not query.strip():
             return []
@@ -293,13 +294,13 @@ class SearchIndex:
         depth = max(20, 4 * limit + 2 * len(exclude_event_ids))
         while True:
             text_depth = depth + ranking.text_extra
-            text_rows, vector_rows = await retrieve(
-                session.table, where, f"{text_query(query, ranking)} {expansion}".strip(), query_vector, _COLUMNS,
-                depth, text_depth
+            text_rows, vector_rows, *expanded = await retrieve(
+                session.table, where, text_query(query, ranking), query_vector, _COLUMNS,
+                depth, text_depth, expansion if ranking.expansion_weight else "",
             )
             legs = [
                 rows if within is None else [row for row in rows if row["event_id"] in within]
-                for rows in (text_rows, vector_rows)
+                for rows in (text_rows, vector_rows, *expanded)
             ]
             fused = fuse(legs, query, limit + len(exclude_event_ids), ranking)
             hits = [hit for hit in fused if hit.event_id not in exclude_event_ids][:limit]

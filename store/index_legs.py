@@ -39,15 +39,17 @@ async def retrieve(
     columns: list[str],
     depth: int,
     text_depth: int,
-) -> tuple[list[dict], list[dict]]:
-    """(BM25 rows with `_score`, vector rows with `_distance`), best first, run concurrently."""
-    return await asyncio.gather(
-        table.query()
-        .nearest_to_text(text, columns="text")
-        .where(where)
-        .select([*columns, "_score"])
-        .limit(text_depth)
-        .to_list(),
+    expansion: str = "",
+) -> tuple[list[dict], ...]:
+    """(BM25 rows with `_score`, vector rows with `_distance`), best first, run concurrently;
+    with an `expansion`, a third leg: BM25 rows for its words alone, each marked `_expansion`."""
+
+    def text_leg(words: str, limit: int):
+        return (table.query().nearest_to_text(words, columns="text").where(where)
+                .select([*columns, "_score"]).limit(limit).to_list())
+
+    legs = [
+        text_leg(text, text_depth),
         table.query()
         .nearest_to(vector)
         .distance_type("dot")
@@ -55,4 +57,10 @@ async def retrieve(
         .select([*columns, "_distance"])
         .limit(depth)
         .to_list(),
-    )
+    ]
+    if expansion.strip():
+        legs.append(text_leg(expansion, depth))
+    found = await asyncio.gather(*legs)
+    for row in found[2] if len(found) > 2 else ():
+        row["_expansion"] = True
+    return tuple(found)

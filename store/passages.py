@@ -52,7 +52,8 @@ def best_line(texts: Iterable[str], wanted: list[str]) -> tuple[float, str]:
     `stem` strips. A term on most lines of a long output is its structure ("id" in every JSON
     row, "INFO" in every log line), not a clue to one line, and is not counted (the share is
     still of all of `wanted`). Substring tests (C speed) bound each line's count first, and
-    only a line that could beat the best so far is matched word by word. The line is returned
+    only a line that could match or beat the best so far is matched word by word; of lines
+    holding as many terms, the one whose terms are on the fewest lines wins. The line is returned
     as written (its case kept); "" when no line holds a wanted term.
     """
     if not wanted:
@@ -60,20 +61,22 @@ def best_line(texts: Iterable[str], wanted: list[str]) -> tuple[float, str]:
     wanted_all = wanted
     lines = [line for text in texts for line in text.split("\n")]
     lowered = [line.lower() for line in lines]
+    spread = {term: sum(term in line for line in lowered) for term in wanted}
     if len(lines) >= STRUCTURE_LINES:
-        wanted = [term for term in wanted if sum(term in line for line in lowered) * 2 <= len(lines)]
+        wanted = [term for term in wanted if spread[term] * 2 <= len(lines)]
         if not wanted:
             return 0.0, ""
     pattern = _pattern(tuple(wanted))
-    best, where = 0, -1
+    best, rarity, where = 0, 0.0, -1
     for n, line in enumerate(lowered):
-        if sum(term in line for term in wanted) <= best:
+        if sum(term in line for term in wanted) < max(best, 1):
             continue
-        found = len({match.group(1) for match in pattern.finditer(line)})
-        if found > best:
-            best, where = found, n
-        if best == len(wanted):
-            break
+        matched = {match.group(1) for match in pattern.finditer(line)}
+        # Lines holding as many terms: the one whose terms the output repeats least
+        # ("booked" once beats "client" on thirty lines).
+        score = sum(1.0 / max(1, spread[term]) for term in matched)
+        if (len(matched), score) > (best, rarity):
+            best, rarity, where = len(matched), score, n
     return best / len(wanted_all), lines[where] if where >= 0 else ""
 
 

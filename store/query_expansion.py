@@ -53,7 +53,7 @@ def expand_query(query: str, summary: str | None, entities: tuple[str, ...], lim
     lowered = query.lower()
     scored: dict[str, int] = {}
     for unit in _UNITS.split(summary):
-        shared = len(wanted & set(terms(unit)))
+        shared = len(wanted & set(terms(_prose(unit))))
         if not shared:
             continue
         for entity in entities:
@@ -62,3 +62,19 @@ def expand_query(query: str, summary: str | None, entities: tuple[str, ...], lim
     order = {e: i for i, e in enumerate(entities)}
     best = sorted(scored, key=lambda e: (-scored[e], order[e]))[:limit]
     return " ".join(best)
+
+
+# Values whose words are not the unit's own: a path's folders, a url's host.
+_WORDY_VALUES = ("paths", "urls", "emails", "ids", "versions", "dates", "numbers")
+
+
+def _prose(unit: str) -> str:
+    """The unit without its exact values: what it *says*. "- DEP-58213, OPS-7731,
+    /srv/app/release/migration.py, ..." (a list of values) says nothing, though its paths hold
+    "release" and "migration"; linking it to every question that uses one of those words
+    expanded each with the list's first entities."""
+    found = values_in(unit)
+    for kind in _WORDY_VALUES:
+        for value in sorted(found.get(kind, ()), key=len, reverse=True):
+            unit = unit.replace(value, " ")
+    return unit

@@ -96,6 +96,12 @@ class Ranking:
     # An echo of the query (see the module docstring) keeps this share of its fused score
     # (1 = off). Tuned with `bench/ranking.py`'s repeated asks: see bench/README.md, Recall.
     echo: float = 0.1
+    # A query's expansion (the summary's entities linked to it, store/query_expansion.py) is a
+    # BM25 leg of its own with this weight, beside the query's (0 = not searched). In the
+    # query's own leg, an entity outvoted what the question's words matched: the best match of
+    # an id the summary put next to the word "file" scored 1.0 and the event holding the answer
+    # to "which file holds the migration?" came second.
+    expansion_weight: float = 1.0
 
 
 # A real sentence model's cosines carry meaning (unrelated texts sit near 0-0.2, paraphrases
@@ -118,6 +124,8 @@ class Hit:
     score: float
     snippet: str
     chunk: int
+    # A tool result's best line (`_tool_lines`): what ranked it, so its passage shows that line.
+    line: str = ""
 
 
 def _cleaned(query: str) -> str:
@@ -163,7 +171,8 @@ def fuse(
             # An echo matches the query's words best of all: the scale is the best other row's.
             fair = [row["_score"] for row in rows if row["event_id"] not in echoed] or [row["_score"] for row in rows]
             top = max(max(fair), ranking.text_scale) or 1.0
-            weight = ranking.text_weight * _margin(rows, ranking.text_margin)
+            weight = (ranking.expansion_weight if rows[0].get("_expansion") else ranking.text_weight) \
+                * _margin(rows, ranking.text_margin)
             scores = [weight * row["_score"] / top for row in rows]
         else:
             floor = ranking.vector_floor
@@ -196,9 +205,10 @@ def fuse(
             row = chunk_rows[key]
             if (row["role"] != "tool" or not ranking.tool_lines) and has_candidate(row["text"], kind, query):
                 event_scores[event_id] += ranking.answer_type
+    lines: dict[str, str] = {}
     if ranking.tool_lines:
         event_scores = _tool_lines(event_scores, chunk_rows, query, ranking.tool_lines, limit,
-                                   kind, ranking.answer_type)
+                                   kind, ranking.answer_type, lines)
     if ranking.neighbour:
         event_scores = _borrow(event_scores, {e: chunk_rows[k] for e, k in best_chunk.items()},
                                ranking.neighbour)
@@ -214,6 +224,7 @@ def fuse(
                 score=score,
                 snippet=snippet(row["text"], query, SNIPPET_CHARS),
                 chunk=row["chunk"],
+                line=lines.get(event_id, ""),
             )
         )
     return hits
@@ -227,10 +238,12 @@ def _tool_lines(
     keep: int,
     kind: str | None = None,
     answer: float = 0.0,
+    lines: dict[str, str] | None = None,
 ) -> dict[str, float]:
     """Each tool event adds `weight` x the best line coverage of its retrieved chunks, and
     `answer` when that line holds a candidate of the answer type `kind` (a log's other lines
-    are full of numbers, dates and names that answer nothing).
+    are full of numbers, dates and names that answer nothing). `lines` receives each visited
+    event's best line.
 
     Events are visited best first and the visit stops once even a full bonus could not lift an
     event into the best `keep`: the scan of a log's lines is the costly part, and the events
@@ -251,6 +264,8 @@ def _tool_lines(
             break
         if event_id in texts:
             share, line = best_line(texts[event_id], wanted)
+            if lines is not None and line:
+                lines[event_id] = line
             score += weight * share
             if kind and line and has_candidate(line, kind, query):
                 score += answer

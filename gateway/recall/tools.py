@@ -52,11 +52,24 @@ SMALL_HIT_CHARS = 800
 SMALL_HITS_SHARE = 0.5
 
 
-def passage(text: str, query: str, hit_snippet: str, width: int) -> str:
-    """About `width` characters of `text` around what matched: the query's words where they
-    occur, else (a hit found by meaning alone) the place of the best chunk's snippet."""
+def passage(text: str, query: str, hit_snippet: str, width: int, line: str = "") -> str:
+    """About `width` characters of `text` around what matched: the line that ranked a tool
+    result (`Hit.line`), else the query's words where they occur, else (a hit found by meaning
+    alone) the place of the best chunk's snippet.
+
+    The line first: in a log, a query word ("client", "migration") recurs in the filler, and
+    the densest cluster of it can sit far from the one line that holds most of the query's
+    words (stemmed: "booking" finds "booked") and ranked the event."""
     if len(text) <= width:
         return text
+    at = text.find(line) if line.strip() else -1
+    if at >= 0:
+        start = max(0, min(at - width // 3, len(text) - width))
+        if start > 0:
+            space = text.find(" ", start, start + 30)
+            start = space + 1 if space != -1 else start
+        page = " ".join(text[start:start + width].split())
+        return ("…" if start else "") + page + ("…" if start + width < len(text) else "")
     if not any(re.search(rf"\b{re.escape(t)}", text, re.I) for t in query_terms(query)):
         words = hit_snippet.strip("… ").split()[1:9]
         found = re.search(r"\s+".join(map(re.escape, words)), text) if words else None
@@ -161,6 +174,7 @@ class RecallTools:
         hits = await index.search(session_key, query, limit=limit, within=within, expansion=expansion)
         results = [{"event_id": h.event_id, "role": h.role, "created": _iso(h.created),
                     "score": round(h.score, 4), "snippet": h.snippet} for h in hits]
+        lines = {h.event_id: h.line for h in hits}
         budget = passage_tokens * CHARS_PER_TOKEN
         events = {e.id: e for e in await offload(self.ledger, self.ledger.get_many, session_key, [h.event_id for h in hits])}
         for result, share in zip(results, PASSAGE_SHARES):
@@ -169,7 +183,7 @@ class RecallTools:
             if event is None or width < 200:
                 continue
             text = event_text(event)
-            result["passage"] = passage(text, query, result.pop("snippet"), width)
+            result["passage"] = passage(text, query, result.pop("snippet"), width, lines[result["event_id"]])
             if len(text) > width:
                 result["total_chars"] = len(text)
             else:

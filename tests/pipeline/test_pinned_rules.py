@@ -21,6 +21,7 @@ RULES = ["From now on, never run database migrations against the orion cluster w
          "Always sign every commit message with \"Reviewed-by: Ada Okafor\".",
          "Do not ever edit files under /srv/app/cache/ without asking me first."]
 REVOKED = "Actually, you may now run database migrations against the orion cluster without asking."
+REVOKE_AT = 26  # a round after the session's first summary
 CLAUDE_MD = (
     "<system-reminder>\nAs you answer the user's questions, you can use the following context:\n# claudeMd\n"
     "Codebase and user instructions are shown below. Be sure to adhere to these instructions.\n\n"
@@ -87,9 +88,15 @@ async def test_rules_reach_every_late_request_verbatim_in_a_stable_block_before_
 async def test_a_later_revocation_updates_the_rule_in_its_place(upstream, start_gateway, fmt):
     gw = await start_gateway(policy=ECONOMY)
     async with aiohttp.ClientSession() as http:
-        assert set(await play(http, gw.base_url, fmt, session_with_rules(2, 28, revoke_at=20), f"rev-{fmt}")) == {200}
+        assert set(await play(http, gw.base_url, fmt, session_with_rules(2, 32, revoke_at=REVOKE_AT), f"rev-{fmt}")) == {200}
     await settle(gw)
-    blocks = [p for b in client_requests(upstream, fmt) if (p := pinned_of(fmt, b))]
+    sent = client_requests(upstream, fmt)
+    # The block exists once a summary hides part of the path (about round 22 of this session on
+    # fake-32k, whatever the search's speed: tests/recall/test_recall_auto_calibration.py);
+    # the revocation comes after it, so the block is seen before and after it.
+    revoking = next(i for i, b in enumerate(sent) if REVOKED in orjson.dumps(b).decode())
+    assert pinned_of(fmt, sent[revoking - 1]) is not None
+    blocks = [p for b in sent if (p := pinned_of(fmt, b))]
     before, after = blocks[0], blocks[-1]
     assert RULES[0] in before and REVOKED not in before
     assert RULES[0] not in after and after.index(REVOKED) < after.index(RULES[1]) < after.index(RULES[2])

@@ -74,3 +74,17 @@ async def test_expansion_can_be_turned_off(start_gateway):
                                 max_retries=0)
     await client.chat.completions.create(model="fake-32k", messages=[*history, {"role": "user", "content": "thanks"}])
     assert await ranked(gw, history, summary=SUMMARY) == await ranked(gw, history, summary=None)
+
+
+
+async def test_a_summary_line_that_only_lists_values_expands_nothing(start_gateway):
+    # The value list's paths hold the query's words ("staging", "credentials"); linked to the
+    # query through them, its ids used to take the keyword leg to whatever event named them.
+    listing = "## Values\n- OPS-7731, /srv/staging/credentials/db.yaml, /srv/staging/ci/runner.py"
+    gw = await start_gateway()
+    history = conversation()
+    client = openai.AsyncOpenAI(base_url=gw.base_url, api_key="sk-a", default_headers={"X-Session-Id": "expand"},
+                                max_retries=0)
+    await client.chat.completions.create(model="fake-32k", messages=[*history, {"role": "user", "content": "thanks"}])
+    assert gw.app[PIPELINE].loop.tools.expansion(QUERY, listing, summary_entities(listing, {"ids": ["OPS-7731"]})) == ""
+    assert await ranked(gw, history, summary=listing) == await ranked(gw, history, summary=None)

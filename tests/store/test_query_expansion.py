@@ -26,3 +26,13 @@ def test_a_paraphrase_gets_the_entities_of_the_lines_it_shares_words_with():
     assert expand_query("What is the weather like?", SUMMARY, entities) == ""
     assert expand_query("Is OPS-7731 about the staging rotation?", SUMMARY, entities) == ""  # already asked
     assert expand_query("staging", None, entities) == "" and expand_query("staging", SUMMARY, ()) == ""
+
+
+def test_a_line_that_only_lists_values_links_no_query():
+    # Its paths hold "release" and "migration", but the line says nothing about either.
+    listing = "## Values\n- DEP-58213, ZFA04Y, OPS-7731, /srv/app/release/migration.py, /srv/app/config/release.py"
+    entities = summary_entities(listing, {"ids": ["DEP-58213", "ZFA04Y", "OPS-7731"]})
+    assert entities == ("DEP-58213", "ZFA04Y", "OPS-7731")
+    assert expand_query("Which release of the migration are we on?", listing, entities) == ""
+    said = listing + "\n- The migration release is tracked in OPS-7731."
+    assert expand_query("Which release of the migration are we on?", said, entities) == "OPS-7731"
