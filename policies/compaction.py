@@ -189,7 +189,7 @@ def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int
         frontier, view = _jump(raw, compacted, frontier, view, n, low, policy)
         if (policy.cost_model and n not in forced and before[3] <= must
                 and not event_pays(before[3], view, further_requests(n + 1) * per, rates,
-                                   growth=grown / ((n + 1) * per))):
+                                   growth=grown / ((n + 1) * per), kept=_kept(before, active, fixed, marks, compacted))):
             if events is not None:
                 events.append(PlanEvent(n, "deferred", int(before[3]), int(before[3]), before[0]))
             active, first, frontier, view = before  # not worth its rewrite yet: the view appends
@@ -197,6 +197,16 @@ def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int
             reason = ("window" if n in forced or before[3] > must else "cost_model" if policy.cost_model else "profile")
             events.append(PlanEvent(n, reason, int(before[3]), int(view), active))
     return active, frontier
+
+
+def _kept(before: tuple, active: int | None, fixed: int, marks: list[CheckpointMark], compacted: list[int]) -> int:
+    """The tokens at the head of the view an event leaves as they were (still read from the
+    provider's cache): with the same checkpoint, everything up to the old frontier; with a new
+    one, only what precedes the summary block."""
+    was, first, frontier, _ = before
+    if active != was:
+        return fixed
+    return fixed + (marks[was].tokens if was is not None else 0) + sum(compacted[first:frontier])
 
 
 def round_sizes(messages: list[dict], event_ids: list[str | None], policy: Policy, counter: TokenCounter,

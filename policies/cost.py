@@ -94,26 +94,34 @@ def resent(tokens: float, rates: Rates) -> float:
     return rates.cached * cached + tokens - cached
 
 
-def event_price(before: float, after: float, rates: Rates, *, idle: bool = False) -> float:
+def event_price(before: float, after: float, rates: Rates, *, idle: bool = False, kept: float = 0.0) -> float:
     """What the request carrying a compaction event pays beyond what an appended view costs.
-    The rewritten view is written to the cache whole: a write premium (``rates.write`` over 1:
+    The view from its first changed token on is written to the cache (``kept``: the tokens before
+    it, unchanged and still read from the cache); a write premium (``rates.write`` over 1:
     GPT-5.6 on, Anthropic) makes an event dearer, and it must save that much more to pay."""
-    written = rates.write * after if cacheable(after, rates) else after
-    return written - (before if idle else resent(before, rates))
+    if idle:
+        return (rates.write * after if cacheable(after, rates) else after) - before
+    kept = min(kept, after)
+    written = rates.write * (after - kept) if cacheable(after, rates) else after - kept
+    return written + resent(kept, rates) - resent(before, rates)
 
 
-def rewrite_premium(after: float, rates: Rates, *, idle: bool = False) -> float:
-    """What a request pays for an ``after``-token view it rewrites beyond what it would pay
-    reading the same view from the cache (``R`` of the interval rule): written whole at the
-    write rate, where a stable prefix is read at the cached rate. After an idle gap the cache has
-    expired, so only the write premium over an uncached read is left (0 without one)."""
-    written = rates.write * after if cacheable(after, rates) else after
-    return max(0.0, written - (after if idle else resent(after, rates)))
+def rewrite_premium(after: float, rates: Rates, *, idle: bool = False, kept: float = 0.0) -> float:
+    """What a request pays for an ``after``-token view it rewrites from token ``kept`` on, beyond
+    what it would pay reading the same view from the cache (``R`` of the interval rule): the new
+    part written at the write rate, where a stable prefix is read at the cached rate. After an
+    idle gap the cache has expired, so only the write premium over an uncached read is left (0
+    without one)."""
+    if idle:
+        return max(0.0, (rates.write - 1) * after) if cacheable(after, rates) else 0.0
+    return max(0.0, event_price(after, after, rates, kept=kept))
 
 
-def event_interval(after: float, growth: float, rates: Rates, *, idle: bool = False, extra: float = 0.0) -> float:
+def event_interval(after: float, growth: float, rates: Rates, *, idle: bool = False, extra: float = 0.0,
+                   kept: float = 0.0) -> float:
     """The cost-optimal number of requests between two compaction events of a view that
-    settles at ``after`` tokens and grows by ``growth`` tokens a request: L* = sqrt(2R / (c g)).
+    settles at ``after`` tokens (rewritten from token ``kept`` on) and grows by ``growth`` tokens
+    a request: L* = sqrt(2R / (c g)).
 
     Append-only between events, each request reads ``c * g`` more from the cache than the one
     before (c: the cached rate), so L requests after an event they have read ``c g L^2 / 2``
@@ -121,7 +129,7 @@ def event_interval(after: float, growth: float, rates: Rates, *, idle: bool = Fa
     summary call) per L requests. Their sum per request, ``R / L + c g L / 2``, is least at L*.
     Dear writes or cheap reads space events out; a fast-growing session compacts more often.
     Unknown growth (0): no interval (``inf``)."""
-    premium = rewrite_premium(after, rates, idle=idle) + extra
+    premium = rewrite_premium(after, rates, idle=idle, kept=kept) + extra
     step = rates.cached * growth
     if premium <= 0:
         return 0.0
@@ -129,9 +137,10 @@ def event_interval(after: float, growth: float, rates: Rates, *, idle: bool = Fa
 
 
 def event_pays(before: float, after: float, further: float, rates: Rates, *, idle: bool = False,
-               extra: float = 0.0, growth: float = 0.0) -> bool:
+               extra: float = 0.0, growth: float = 0.0, kept: float = 0.0) -> bool:
     """Does shrinking a ``before``-token view to ``after`` tokens pay (``extra``: anything else
-    the event needs, e.g. a summary call; ``further``: the session's likely further requests)?
+    the event needs, e.g. a summary call; ``further``: the session's likely further requests;
+    ``kept``: the view's prefix the event leaves as it was, still served from the cache)?
 
     With the session's observed ``growth`` per request, the event is priced by the interval rule
     (``event_interval``): it is due once what the view's excess costs on every request
@@ -146,11 +155,11 @@ def event_pays(before: float, after: float, further: float, rates: Rates, *, idl
     saving = resent(before, rates) - resent(after, rates)  # on each later request
     horizon = further
     if growth > 0:
-        interval = event_interval(after, growth, rates, idle=idle, extra=extra)
+        interval = event_interval(after, growth, rates, idle=idle, extra=extra, kept=kept)
         if saving < rates.cached * growth * interval:
             return False
         horizon = min(further, max(1.0, interval))
-    return saving * horizon > event_price(before, after, rates, idle=idle) + extra
+    return saving * horizon > event_price(before, after, rates, idle=idle, kept=kept) + extra
 
 
 def summary_price(input_tokens: float, output_tokens: float, rates: Rates, *, cached_share: float = 0.0) -> float:

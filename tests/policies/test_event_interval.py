@@ -7,7 +7,7 @@ import math
 
 from policies import Policy, plan_view
 from policies.compaction import PlanEvent
-from policies.cost import Rates, SummaryCase, event_interval, event_pays, rewrite_premium, summary_due
+from policies.cost import Rates, SummaryCase, event_interval, event_pays, event_price, rewrite_premium, summary_due
 
 CHEAP_READS_DEAR_WRITES = Rates(cached=0.05, write=2.0, step=1)
 DEAR_READS_CHEAP_WRITES = Rates(cached=0.5, write=1.0, step=1)
@@ -46,7 +46,7 @@ def rounds_of(sizes: list[int]) -> list[tuple[int, int]]:
 
 def events_of(rates: Rates, rounds: int = 120) -> list[PlanEvent]:
     """The events a view plan takes on a long loop of 1,000-token results (100 once compacted)."""
-    policy = Policy(compact_trigger_ratio=0.1, view_target_ratio=0.05, sync_compaction_ratio=0.9,
+    policy = Policy(compact_trigger_ratio=0.02, view_target_ratio=0.01, sync_compaction_ratio=0.9,
                     keep_recent_rounds=2, compact_batch_rounds=1, summary_trigger_ratio=0.5,
                     cached_input_rate=rates.cached, cache_write_rate=rates.write, cache_step=1)
     raw, compacted = [1_000] * rounds, [100] * rounds
@@ -61,16 +61,17 @@ def test_events_space_out_when_reads_are_cheap_and_writes_dear_and_vice_versa():
     assert len(dense) > 2 * len(sparse)
     gap = lambda events: (events[-1].round - events[0].round) / max(1, len(events) - 1)  # noqa: E731
     assert gap(sparse) > 2 * gap(dense)
-    # Each event waits until the view's excess has reached about g L* for its settle size.
+    # Each event waits for at least half the excess the rule asks of a whole rewritten view
+    # (less than all of it: the old placeholders stay a cached prefix, only the rest is rewritten).
     for event in sparse[1:]:
         excess = event.tokens_before - event.tokens_after
-        assert excess >= 1_000 * event_interval(event.tokens_after, 1_000, CHEAP_READS_DEAR_WRITES) * 0.9
+        assert excess >= 0.5 * 1_000 * event_interval(event.tokens_after, 1_000, CHEAP_READS_DEAR_WRITES)
 
 
 def test_requests_per_round_price_each_round_as_the_reads_it_carries():
     """Two requests per round (a call, then the answer after its result) read the view twice: the
     same rounds are worth compacting sooner than at one request a round."""
-    policy = Policy(compact_trigger_ratio=0.1, view_target_ratio=0.05, sync_compaction_ratio=0.9,
+    policy = Policy(compact_trigger_ratio=0.02, view_target_ratio=0.01, sync_compaction_ratio=0.9,
                     keep_recent_rounds=2, compact_batch_rounds=1, summary_trigger_ratio=0.5, cache_step=1)
     raw, compacted = [1_000] * 80, [100] * 80
     once, twice = [], []
@@ -95,3 +96,15 @@ def test_economy_summarises_a_long_session_that_fits_when_it_pays_and_balanced_n
     # A small excess over the settle size is not worth the rewrite yet.
     assert not summary_due(fitting(client_tokens=40_000, view_tokens=12_000, summary_input=12_000), 0.05,
                            rates, fit_first=False)
+
+
+def test_a_prefix_the_event_leaves_as_it_was_is_not_rewritten():
+    """Moving the frontier rewrites the view from the first newly compacted round on; what
+    precedes it (system, tools, the placeholders of earlier events) is still read from the cache."""
+    rates = Rates(cached=0.1, write=1.25, step=1)
+    assert event_price(20_000, 10_000, rates, kept=6_000) == 1.25 * 4_000 + 0.1 * 6_000 - 0.1 * 20_000
+    assert rewrite_premium(10_000, rates, kept=6_000) < rewrite_premium(10_000, rates)
+    assert event_interval(10_000, 1_000, rates, kept=6_000) < event_interval(10_000, 1_000, rates)
+    before = 10_000 + 1_000 * event_interval(10_000, 1_000, rates, kept=6_000) * 1.05
+    assert event_pays(before, 10_000, 1_000, rates, growth=1_000, kept=6_000)
+    assert not event_pays(before, 10_000, 1_000, rates, growth=1_000)
