@@ -217,8 +217,9 @@ def summary_due(case: SummaryCase, trigger_ratio: float, rates: Rates, *, fit_fi
     (economy), one when the event it enables pays for the summary call too (``event_pays`` with
     the call as ``extra``, at the session's ``pace``): a long session re-reads its whole history
     on every request, and a smaller view pays a rewrite back within a few. One that does not fit
-    gets one when what its smaller views save over the session's likely further requests exceeds
-    the call's price.
+    gets one by the same rule: when the event it enables pays for the call and the rewrite until
+    the next event (or the session's likely end), at the session's ``pace``; without a pace, over
+    all of its likely further requests.
     """
     if case.view_tokens < trigger_ratio * case.budget:
         return False
@@ -226,7 +227,7 @@ def summary_due(case: SummaryCase, trigger_ratio: float, rates: Rates, *, fit_fi
     if case.client_tokens <= case.budget:
         if case.client_tokens + LEAD_REQUESTS * max(0, case.growth) > case.budget:
             return True
-        return not fit_first and event_pays(case.view_tokens, case.target_tokens, further_requests(case.requests),
-                                            rates, extra=price, growth=case.pace)
-    saving = rates.cached * max(0, case.view_tokens - case.target_tokens) * further_requests(case.requests)
-    return saving > price
+        if fit_first:
+            return False
+    return event_pays(case.view_tokens, case.target_tokens, further_requests(case.requests), rates,
+                      extra=price, growth=case.pace)
