@@ -54,20 +54,20 @@ PROFILES: dict[str, dict[str, Any]] = {
     "economy": {
         "summary_trigger_ratio": 0.3, "sync_compaction_ratio": 0.7, "keep_recent_tokens": 8000,
         "keep_recent_share": 0.05, "compact_trigger_ratio": 0.35, "view_target_ratio": 0.05,
-        "summary_max_words": 400, "exact_values_limit": 15, "fit_first": False,
+        "summary_max_words": 400, "exact_values_limit": 15,
     },
     # Fit first: old tool payloads go early (they are recoverable), conversation is summarised
     # only down to a large raw tail, and a request that fits is not made to wait for a summary.
     "balanced": {
         "summary_trigger_ratio": 0.75, "sync_compaction_ratio": 0.85, "keep_recent_tokens": 96_000,
         "keep_recent_share": 0.65, "compact_trigger_ratio": 0.65, "view_target_ratio": 0.1,
-        "summary_max_words": 700, "exact_values_limit": 40, "fit_first": True,
+        "summary_max_words": 700, "exact_values_limit": 40,
     },
     # Nearly untouched until the window is nearly full; for models that must see everything.
     "fidelity": {
         "summary_trigger_ratio": 0.85, "sync_compaction_ratio": 0.92, "keep_recent_tokens": 1_000_000,
         "keep_recent_share": 0.75, "compact_trigger_ratio": 0.75, "view_target_ratio": 0.5,
-        "summary_max_words": 700, "exact_values_limit": 40, "fit_first": True,
+        "summary_max_words": 700, "exact_values_limit": 40,
     },
 }
 PROFILE_KEYS = frozenset(k for bundle in PROFILES.values() for k in bundle)
@@ -176,8 +176,9 @@ class Policy(BaseModel):
     )
     fit_first: bool = Field(
         True, description="A conversation that fits the window as the client sent it gets no summary: billed as direct, "
-        "never above it (the profile sets it). Off (economy): a long one that fits is summarised and compacted when the "
-        "smaller view pays for the summary and its rewrite over the session's likely further requests (policies/cost.py).")
+        "never above it (old tool results may still become placeholders where that pays). Off: a long one that fits is "
+        "also summarised when the smaller view pays for the summary and its rewrite (policies/cost.py); on by default in "
+        "every profile, as on chat-shaped 128k sessions it measured dearer than placeholders alone (bench/README.md).")
     cached_input_rate: float | None = Field(
         None, ge=0, le=1, description="A cached input token's price / an uncached one's (cost model); unset: the model's "
         "cache rule (policies/prices.py), else 0.1.")

@@ -4,8 +4,10 @@
 After each response the summarizer asks ``summary_due`` whether a background summary is worth
 writing. The inputs come from the request itself, so every replica (and a restart) decides the
 same: the session's requests so far are the client turns on its path (each user message or tool
-result is what a client sends a request with), and its growth is what the client added since
-its previous request (the newest answer and what follows it).
+result is what a client sends a request with), its growth is what the client added since
+its previous request (the newest answer and what follows it), and its pace the client's tokens
+per request so far (the interval rule of ``policies/cost.event_pays``). A cache-forked call's
+input is priced as cached by the model's cache rule (its minimum prefix and step).
 """
 
 from __future__ import annotations
