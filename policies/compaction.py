@@ -135,7 +135,7 @@ class CheckpointMark:
 
 def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int], fixed: int,
               marks: list[CheckpointMark], policy: Policy, budget: int,
-              events: list[PlanEvent] | None = None, requests_per_round: float = 1.0) -> tuple[int | None, int]:
+              events: list[PlanEvent] | None = None, requests: list[int] | None = None) -> tuple[int | None, int]:
     """Which checkpoint the view uses and where its compaction frontier is (a round index).
 
     Replays the path's rounds from a view of ``fixed`` tokens. While the view stays under
@@ -152,9 +152,9 @@ def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int
     Between ``compact_trigger_ratio`` and ``sync_compaction_ratio`` an event happens only when
     it pays (``policies/cost.event_pays``): the rewritten prefix, billed uncached, against the
     cached-rate saving of the smaller view until the next event is expected, at the interval the
-    session's growth so far (its raw rounds, ``requests_per_round`` requests each: the shell reads
-    that off the path) and the provider's rates make cheapest, or until its likely end (its
-    requests so far) if sooner. Over ``sync_compaction_ratio``, or with ``cost_model`` off, it always does.
+    session's growth so far (its raw rounds over ``requests``, the client requests up to each
+    round, which the shell reads off the path; unset: one a round) and the provider's rates make
+    cheapest, or until its likely end (its requests so far) if sooner. Over ``sync_compaction_ratio``, or with ``cost_model`` off, it always does.
     Returns (index into ``marks`` or None, frontier round); each event taken is appended to
     ``events`` when given, and a round whose event the cost model deferred counts in it as a
     ``PlanEvent`` of reason ``deferred``.
@@ -170,7 +170,6 @@ def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int
     first = frontier = 0  # first round in the view; rounds before `frontier` are compacted
     view = fixed
     forced = {round_of[m.after] for m in marks if m.forced and m.after < len(round_of)}
-    per = max(1.0, requests_per_round)
     grown = 0  # raw tokens of the rounds so far: the session's growth, observed
     for n, size in enumerate(raw):
         view += size
@@ -188,8 +187,8 @@ def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int
                 break
         frontier, view = _jump(raw, compacted, frontier, view, n, low, policy)
         if (policy.cost_model and n not in forced and before[3] <= must
-                and not event_pays(before[3], view, further_requests(n + 1) * per, rates,
-                                   growth=grown / ((n + 1) * per), kept=_kept(before, active, fixed, marks, compacted))):
+                and not event_pays(before[3], view, further_requests(asked := max(n + 1, requests[n] if requests else 0)),
+                                   rates, growth=grown / asked, kept=_kept(before, active, fixed, marks, compacted))):
             if events is not None:
                 events.append(PlanEvent(n, "deferred", int(before[3]), int(before[3]), before[0]))
             active, first, frontier, view = before  # not worth its rewrite yet: the view appends

@@ -77,6 +77,20 @@ def requests_on_path(history: list[dict]) -> int:
     return turns
 
 
+def requests_by_round(history: list[dict], rounds: list[tuple[int, int]]) -> list[int]:
+    """The client requests of a path up to the end of each round (``requests_on_path`` of every
+    round's prefix): a view plan's decision at a round may use only what was known then, so an
+    appended turn never changes an earlier event."""
+    turns, previous, at = 0, None, []
+    for message in history:
+        role = message.get("role")
+        if role in ("user", "tool") and previous not in ("user", "tool"):
+            turns += 1
+        previous = role
+        at.append(turns)
+    return [at[end - 1] if end > 0 else 0 for _, end in rounds]
+
+
 def further_requests(requests_so_far: float) -> float:
     """The session's likely further requests, on its own record (the Lindy estimate)."""
     return float(max(0, requests_so_far))

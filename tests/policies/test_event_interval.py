@@ -7,7 +7,8 @@ import math
 
 from policies import Policy, plan_view
 from policies.compaction import PlanEvent
-from policies.cost import Rates, SummaryCase, event_interval, event_pays, event_price, rewrite_premium, summary_due
+from policies.cost import (Rates, SummaryCase, event_interval, event_pays, event_price, requests_by_round,
+                           rewrite_premium, summary_due)
 
 CHEAP_READS_DEAR_WRITES = Rates(cached=0.05, write=2.0, step=1)
 DEAR_READS_CHEAP_WRITES = Rates(cached=0.5, write=1.0, step=1)
@@ -76,7 +77,7 @@ def test_requests_per_round_price_each_round_as_the_reads_it_carries():
     raw, compacted = [1_000] * 80, [100] * 80
     once, twice = [], []
     plan_view(rounds_of(raw), raw, compacted, 2_000, [], policy, 200_000, once)
-    plan_view(rounds_of(raw), raw, compacted, 2_000, [], policy, 200_000, twice, requests_per_round=2.0)
+    plan_view(rounds_of(raw), raw, compacted, 2_000, [], policy, 200_000, twice, requests=[2 * (n + 1) for n in range(80)])
     taken = lambda events: [e for e in events if e.reason != "deferred"]  # noqa: E731
     assert len(taken(twice)) > len(taken(once))
 
@@ -108,3 +109,25 @@ def test_a_prefix_the_event_leaves_as_it_was_is_not_rewritten():
     before = 10_000 + 1_000 * event_interval(10_000, 1_000, rates, kept=6_000) * 1.05
     assert event_pays(before, 10_000, 1_000, rates, growth=1_000, kept=6_000)
     assert not event_pays(before, 10_000, 1_000, rates, growth=1_000)
+
+
+def test_an_appended_round_never_changes_an_earlier_event():
+    """The plan replays the path on every request: a decision at a round uses only what was known
+    by then (its growth and requests so far), so the frontier never moves back and a placeholder
+    never comes back raw."""
+    policy = Policy(compact_trigger_ratio=0.02, view_target_ratio=0.01, sync_compaction_ratio=0.9,
+                    keep_recent_rounds=2, compact_batch_rounds=1, summary_trigger_ratio=0.5, cache_step=1)
+    raw = [400 + (n * 7919) % 2_500 for n in range(90)]
+    compacted = [min(r, 120) for r in raw]
+    # A client request per user message or run of tool results after an answer, up to each round.
+    history = [{"role": r} for r in ("user", "assistant", "tool", "assistant", "user", "assistant")]
+    assert requests_by_round(history, [(0, 3), (3, 5), (5, 6)]) == [2, 3, 3]
+    whole: list[PlanEvent] = []
+    plan_view(rounds_of(raw), raw, compacted, 2_000, [], policy, 200_000, whole, requests=[2 * n + 1 for n in range(90)])
+    frontiers = []
+    for k in range(1, 91):
+        events: list[PlanEvent] = []
+        frontiers.append(plan_view(rounds_of(raw[:k]), raw[:k], compacted[:k], 2_000, [], policy, 200_000, events,
+                                   requests=[2 * n + 1 for n in range(k)])[1])
+        assert events == [e for e in whole if e.round < k]
+    assert frontiers == sorted(frontiers) and frontiers[-1] > 0
