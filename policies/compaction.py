@@ -135,7 +135,7 @@ class CheckpointMark:
 
 def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int], fixed: int,
               marks: list[CheckpointMark], policy: Policy, budget: int,
-              events: list[PlanEvent] | None = None, requests: list[int] | None = None) -> tuple[int | None, int]:
+              events: list[PlanEvent] | None = None) -> tuple[int | None, int]:
     """Which checkpoint the view uses and where its compaction frontier is (a round index).
 
     Replays the path's rounds from a view of ``fixed`` tokens. While the view stays under
@@ -151,10 +151,8 @@ def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int
 
     Between ``compact_trigger_ratio`` and ``sync_compaction_ratio`` an event happens only when
     it pays (``policies/cost.event_pays``): the rewritten prefix, billed uncached, against the
-    cached-rate saving of the smaller view until the next event is expected, at the interval the
-    session's growth so far (its raw rounds over ``requests``, the client requests up to each
-    round, which the shell reads off the path; unset: one a round) and the provider's rates make
-    cheapest, or until its likely end (its requests so far) if sooner. Over ``sync_compaction_ratio``, or with ``cost_model`` off, it always does.
+    cached-rate saving of the smaller view over the session's likely further requests (its
+    rounds so far). Over ``sync_compaction_ratio``, or with ``cost_model`` off, it always does.
     Returns (index into ``marks`` or None, frontier round); each event taken is appended to
     ``events`` when given, and a round whose event the cost model deferred counts in it as a
     ``PlanEvent`` of reason ``deferred``.
@@ -170,10 +168,8 @@ def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int
     first = frontier = 0  # first round in the view; rounds before `frontier` are compacted
     view = fixed
     forced = {round_of[m.after] for m in marks if m.forced and m.after < len(round_of)}
-    grown = 0  # raw tokens of the rounds so far: the session's growth, observed
     for n, size in enumerate(raw):
         view += size
-        grown += size
         if view <= high and n not in forced:
             continue
         before = (active, first, frontier, view)
@@ -187,8 +183,7 @@ def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int
                 break
         frontier, view = _jump(raw, compacted, frontier, view, n, low, policy)
         if (policy.cost_model and n not in forced and before[3] <= must
-                and not event_pays(before[3], view, further_requests(asked := max(n + 1, requests[n] if requests else 0)),
-                                   rates, growth=grown / asked, kept=_kept(before, active, fixed, marks, compacted))):
+                and not event_pays(before[3], view, further_requests(n + 1), rates)):
             if events is not None:
                 events.append(PlanEvent(n, "deferred", int(before[3]), int(before[3]), before[0]))
             active, first, frontier, view = before  # not worth its rewrite yet: the view appends
@@ -196,16 +191,6 @@ def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int
             reason = ("window" if n in forced or before[3] > must else "cost_model" if policy.cost_model else "profile")
             events.append(PlanEvent(n, reason, int(before[3]), int(view), active))
     return active, frontier
-
-
-def _kept(before: tuple, active: int | None, fixed: int, marks: list[CheckpointMark], compacted: list[int]) -> int:
-    """The tokens at the head of the view an event leaves as they were (still read from the
-    provider's cache): with the same checkpoint, everything up to the old frontier; with a new
-    one, only what precedes the summary block."""
-    was, first, frontier, _ = before
-    if active != was:
-        return fixed
-    return fixed + (marks[was].tokens if was is not None else 0) + sum(compacted[first:frontier])
 
 
 def round_sizes(messages: list[dict], event_ids: list[str | None], policy: Policy, counter: TokenCounter,

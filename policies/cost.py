@@ -77,20 +77,6 @@ def requests_on_path(history: list[dict]) -> int:
     return turns
 
 
-def requests_by_round(history: list[dict], rounds: list[tuple[int, int]]) -> list[int]:
-    """The client requests of a path up to the end of each round (``requests_on_path`` of every
-    round's prefix): a view plan's decision at a round may use only what was known then, so an
-    appended turn never changes an earlier event."""
-    turns, previous, at = 0, None, []
-    for message in history:
-        role = message.get("role")
-        if role in ("user", "tool") and previous not in ("user", "tool"):
-            turns += 1
-        previous = role
-        at.append(turns)
-    return [at[end - 1] if end > 0 else 0 for _, end in rounds]
-
-
 def further_requests(requests_so_far: float) -> float:
     """The session's likely further requests, on its own record (the Lindy estimate)."""
     return float(max(0, requests_so_far))
@@ -231,9 +217,8 @@ def summary_due(case: SummaryCase, trigger_ratio: float, rates: Rates, *, fit_fi
     (economy), one when the event it enables pays for the summary call too (``event_pays`` with
     the call as ``extra``, at the session's ``pace``): a long session re-reads its whole history
     on every request, and a smaller view pays a rewrite back within a few. One that does not fit
-    gets one by the same rule: when the event it enables pays for the call and the rewrite until
-    the next event (or the session's likely end), at the session's ``pace``; without a pace, over
-    all of its likely further requests.
+    gets one when what its smaller views save over the session's likely further requests exceeds
+    the call's price.
     """
     if case.view_tokens < trigger_ratio * case.budget:
         return False
@@ -241,7 +226,7 @@ def summary_due(case: SummaryCase, trigger_ratio: float, rates: Rates, *, fit_fi
     if case.client_tokens <= case.budget:
         if case.client_tokens + LEAD_REQUESTS * max(0, case.growth) > case.budget:
             return True
-        if fit_first:
-            return False
-    return event_pays(case.view_tokens, case.target_tokens, further_requests(case.requests), rates,
-                      extra=price, growth=case.pace)
+        return not fit_first and event_pays(case.view_tokens, case.target_tokens, further_requests(case.requests),
+                                            rates, extra=price, growth=case.pace)
+    saving = rates.cached * max(0, case.view_tokens - case.target_tokens) * further_requests(case.requests)
+    return saving > price

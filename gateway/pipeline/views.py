@@ -44,7 +44,7 @@ from policies import (
     round_sizes,
     tailor,
 )
-from policies.cost import requests_by_round, with_cache_rule
+from policies.cost import with_cache_rule
 from policies.holdout import HOLDOUT, arm as holdout_arm
 from policies.prices import CacheRule, cache_rule, price_of
 from policies.messages import tool_names_by_call_id
@@ -230,8 +230,7 @@ class ViewBuilder:
                                 self._block_tokens(cp, policy.exact_values_limit) + pinned
                                 + self.hidden.index(chat, cp, pos, policy, budget, names)[1], forced=cp.mode == "sync")
                  for cp, pos in on_path]
-        index, frontier = plan_view(rounds, raw, compacted, fixed, marks, policy, budget, events,
-                                    requests=requests_by_round(chat.history, rounds))
+        index, frontier = plan_view(rounds, raw, compacted, fixed, marks, policy, budget, events)
         found = on_path[index] if index is not None else None
         return found, rounds[frontier][0] if frontier < len(rounds) else len(chat.history)
 
