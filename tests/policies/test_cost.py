@@ -86,9 +86,8 @@ def test_view_plan_skips_an_event_that_does_not_pay_and_takes_it_when_it_does():
     assert plan_view(rounds_of(raw), raw, compacted, 0, [], policy, budget) == (None, 0)
     off = policy.model_copy(update={"cost_model": False})
     assert plan_view(rounds_of(raw), raw, compacted, 0, [], off, budget)[1] > 0
-    # Many small rounds before (a fifth of each once compacted): after a long, slowly growing
-    # session the same rounds are worth the rewrite (issue 29: priced until the next event).
-    raw2, compacted2 = [100] * 40 + [2_000] * 3, [20] * 40 + [200] * 3
+    # Many small rounds before: the same view after a long session pays for its rewrite.
+    raw2, compacted2 = [50] * 40 + [2_000] * 3, [50] * 40 + [200] * 3
     assert plan_view(rounds_of(raw2), raw2, compacted2, 0, [], policy, budget)[1] > 0
 
 
