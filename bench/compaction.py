@@ -96,10 +96,12 @@ def checkpoints_of(bench: Bench, session_id: str) -> int:
 # --- 1. synthetic agent sessions ---------------------------------------------------------------
 
 
-async def synthetic(args, mode: str, model: str = MODEL, window: int = WINDOW) -> list[dict]:
+async def synthetic(args, mode: str, model: str = MODEL, window: int = WINDOW, profile: str | None = None) -> list[dict]:
     sections = dict(args.sections)
     if model != MODEL:
         sections["models"] = {model: {"context_window": window}}
+    if profile is not None:
+        sections["policy"] = {**sections.get("policy", {}), "profile": profile}
     bench = await Bench.start(gateway=mode == "gateway", **sections)
     client = Client(bench.gateway.base_url if bench.gateway else bench.puppet.base_url)
     rows = []
@@ -109,13 +111,32 @@ async def synthetic(args, mode: str, model: str = MODEL, window: int = WINDOW) -
             session = synthetic_session(seed, rounds=args.rounds)
             sid = f"bench-compaction-{seed}"
             started = time.perf_counter()
-            _, sent = await replay(client, session, sid if bench.gateway else None, model=model)
+            history, sent = await replay(client, session, sid if bench.gateway else None, model=model)
             wall = time.perf_counter() - started
             settle = await bench.gateway.settle() if bench.gateway else 0.0
             up = upstream_figures(bench, model, window)
+            facts = {}
+            if model != MODEL:
+                # Planted facts, each asked once after the session (issue 29 item 6: a session that
+                # fits, compacted or not). Recalled: the answer came back through recall, or, with
+                # nothing hidden (no recall tools offered), the fact went upstream verbatim in the view.
+                recalled = asked = 0
+                for fact in session.facts:
+                    start = len(bench.puppet.received)
+                    body = {"model": model, "tools": TOOL_SPECS,
+                            "messages": history + [{"role": "user", "content": f"RECALL: {fact.question}"}]}
+                    reply = await client.chat(body, sid if bench.gateway else None)
+                    first = next((r["json"] for r in bench.puppet.received[start:] if r.get("json")
+                                  and r["headers"].get("x-palimpsest-purpose", "") != "summary"), {})
+                    seen = any(fact.answer in m.get("content") for m in first.get("messages") or ()
+                               if isinstance(m.get("content"), str))
+                    asked += 1
+                    recalled += reply.status == 200 and (fact.answer in answer_text(reply) or (
+                        "(no recall tools)" in answer_text(reply) and seen))
+                facts = {"facts_asked": asked, "facts_recalled": recalled}
             rows.append({
-                "workload": "synthetic" if model == MODEL else f"chat-{window // 1000}k",
-                "mode": mode, "seed": seed, "rounds": args.rounds,
+                "workload": "synthetic" if model == MODEL else f"chat-{window // 1000}k" + (f"-{profile}" if profile else ""),
+                "mode": mode, "seed": seed, "rounds": args.rounds, **facts,
                 "ideal": billing.ideal_direct((s.body, s.reply.message) for s in sent),
                 "client_requests": len(sent),
                 "client_errors": sum(s.reply.status != 200 for s in sent),
@@ -668,7 +689,8 @@ def checks(result: dict) -> list[str]:
                        f"prefix {a['prefix_cur']:.3f} (>= 0.85) {ok(a['prefix_cur'] >= 0.85)}; facts "
                        f"{a['facts']:.2f} (>= 0.95) {ok(a['facts'] >= 0.95)}")
     for a in gw:
-        limit = {"synthetic": 0.45, "loop-3x30": 0.35, "chat-128k": 1.0}.get(a["workload"])
+        limit = {"synthetic": 0.45, "loop-3x30": 0.35, "chat-128k": 1.0, "chat-128k-balanced": 1.0,
+                 "chat-128k-economy": 0.75}.get(a["workload"])
         if limit is not None:
             out.append(f"{a['workload']} billed/ideal direct {a['billed_over_ideal']:.3f} (<= {limit:g}) "
                        f"{ok(a['billed_over_ideal'] <= limit)}")
@@ -709,9 +731,10 @@ async def run(args) -> dict:
         timings[f"synthetic/{mode}"] = time.perf_counter() - t
     if args.chat_128k:
         for mode in args.mode_list:
-            t = time.perf_counter()
-            rows += await synthetic(args, mode, FIT_MODEL, FIT_WINDOW)
-            timings[f"chat-128k/{mode}"] = time.perf_counter() - t
+            for profile in (args.chat_128k_profile_list if mode == "gateway" else [None]):
+                t = time.perf_counter()
+                rows += await synthetic(args, mode, FIT_MODEL, FIT_WINDOW, profile)
+                timings[f"chat-128k/{mode}" + (f"/{profile}" if profile else "")] = time.perf_counter() - t
     for workload in args.loop_list:
         for mode in args.mode_list:
             t = time.perf_counter()
@@ -730,7 +753,8 @@ async def run(args) -> dict:
             result_fit.append(fit_summary(await fit_first(args, profile)))
             timings[f"fit/{profile}"] = time.perf_counter() - t
     aggregates = []
-    for workload in ("synthetic", "chat-128k", *args.loop_list, "longmemeval"):
+    for workload in ("synthetic", "chat-128k", *(f"chat-128k-{p}" for p in args.chat_128k_profile_list if p),
+                     *args.loop_list, "longmemeval"):
         for mode in args.mode_list:
             picked = [r for r in rows if r["workload"] == workload and r["mode"] == mode]
             if picked:
@@ -782,6 +806,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fit-profiles", default="direct,balanced,economy")
     parser.add_argument("--chat-128k", type=int, default=1,
                         help="also replay the synthetic sessions on fake-128k, where they fit (0 = skip)")
+    parser.add_argument("--chat-128k-profiles", default="",
+                        help="profiles of the gateway's chat-128k runs, comma-separated (e.g. balanced,economy; "
+                        "default: the --policy profile); planted facts are asked after each session")
     parser.add_argument("--fit-offset", type=int, default=0,
                         help="skip this many LongMemEval cases first (the balanced raw tail was tuned on the first 10)")
     parser.add_argument("--loops", default=",".join(LOOP_SHAPES),
@@ -826,6 +853,7 @@ def main(argv: list[str] | None = None) -> None:
     args.loop_list = [] if args.loops == "none" else [w.strip() for w in args.loops.split(",") if w.strip()]
     args.fit = args.fit if args.fit is not None else (2 if q else 10)
     args.fit_profile_list = [p.strip() for p in args.fit_profiles.split(",") if p.strip()]
+    args.chat_128k_profile_list = [p.strip() for p in args.chat_128k_profiles.split(",") if p.strip()] or [None]
     scen = args.sync_scenarios or ("pasted" if q else ",".join(SYNC_SCENARIOS))
     args.sync_scenario_list = [] if scen == "none" else [s.strip() for s in scen.split(",") if s.strip()]
     args.sync_seed_list = [int(s) for s in (args.sync_seeds or "11").split(",") if s]

@@ -54,8 +54,11 @@ HEADERS = {"anthropic-beta": "interleaved-thinking-2025-05-14"}
 WRITE_RATE = 1.25  # a cache write: 1.25x with the 5-minute TTL, 2x with the 1-hour one (--write-rate)
 
 
+SEED = 0  # --seed: another sequence of output sizes (0: the sizes every earlier figure used)
+
+
 def output(step: int) -> str:
-    words = 1000 + (step * 977) % 3000  # 1-4k tokens
+    words = 1000 + ((step + 13 * SEED) * 977) % 3000  # 1-4k tokens
     filler = " ".join(f"log{step}.{i} ok" for i in range(words // 3))
     return (f"fact {step}: the build artifact of step {step} is /srv/out/step{step}-{step * 7919 % 1000}.bin\n"
             f"{filler}\n[[call Bash {{\"command\": \"step {step + 1}\"}}]]")
@@ -180,8 +183,8 @@ def row(name: str, run: Run | None, extra: str = "") -> str:
 
 
 async def main(args) -> None:
-    global WRITE_RATE
-    WRITE_RATE = args.write_rate
+    global WRITE_RATE, SEED
+    WRITE_RATE, SEED = args.write_rate, args.seed
     quiet_logs()
     puppet = create_puppet_app(windows={"fake-32k": 32_000, "fake-200k": 200_000})
     metered: list[tuple[str, Call]] = []
@@ -256,5 +259,6 @@ if __name__ == "__main__":
     parser.add_argument("--recall", type=int, default=10)
     parser.add_argument("--profile", default="balanced", help="the gateway policy profile (economy, balanced, fidelity)")
     parser.add_argument("--calls", action="store_true", help="print every metered call of the 32k gateway run")
+    parser.add_argument("--seed", type=int, default=0, help="another sequence of tool-output sizes (0: the default one)")
     parser.add_argument("--write-rate", type=float, default=1.25, help="price of a cache write (2.0: Anthropic's 1-hour TTL)")
     asyncio.run(main(parser.parse_args()))

@@ -20,6 +20,7 @@ The window still wins: when the view must shrink to fit, the event happens whate
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,7 +65,19 @@ def with_cache_rule(policy: Any, rule: Any) -> Any:
     return policy.model_copy(update=update) if update else policy
 
 
-def further_requests(requests_so_far: int) -> float:
+def requests_on_path(history: list[dict]) -> int:
+    """The client turns of a path: what an append-only client sent its requests with (each user
+    message or run of tool results after an answer)."""
+    turns, previous = 0, None
+    for message in history:
+        role = message.get("role")
+        if role in ("user", "tool") and previous not in ("user", "tool"):
+            turns += 1
+        previous = role
+    return turns
+
+
+def further_requests(requests_so_far: float) -> float:
     """The session's likely further requests, on its own record (the Lindy estimate)."""
     return float(max(0, requests_so_far))
 
@@ -81,22 +94,72 @@ def resent(tokens: float, rates: Rates) -> float:
     return rates.cached * cached + tokens - cached
 
 
-def event_price(before: float, after: float, rates: Rates, *, idle: bool = False) -> float:
+def event_price(before: float, after: float, rates: Rates, *, idle: bool = False, kept: float = 0.0) -> float:
     """What the request carrying a compaction event pays beyond what an appended view costs.
-    The rewritten view is written to the cache whole: a write premium (``rates.write`` over 1:
+    The view from its first changed token on is written to the cache (``kept``: the tokens before
+    it, unchanged and still read from the cache); a write premium (``rates.write`` over 1:
     GPT-5.6 on, Anthropic) makes an event dearer, and it must save that much more to pay."""
-    written = rates.write * after if cacheable(after, rates) else after
-    return written - (before if idle else resent(before, rates))
+    if idle:
+        return (rates.write * after if cacheable(after, rates) else after) - before
+    kept = min(kept, after)
+    written = rates.write * (after - kept) if cacheable(after, rates) else after - kept
+    return written + resent(kept, rates) - resent(before, rates)
+
+
+def rewrite_premium(after: float, rates: Rates, *, idle: bool = False, kept: float = 0.0) -> float:
+    """What a request pays for an ``after``-token view it rewrites from token ``kept`` on, beyond
+    what it would pay reading the same view from the cache (``R`` of the interval rule): the new
+    part written at the write rate, where a stable prefix is read at the cached rate. After an
+    idle gap the cache has expired, so only the write premium over an uncached read is left (0
+    without one)."""
+    if idle:
+        return max(0.0, (rates.write - 1) * after) if cacheable(after, rates) else 0.0
+    return max(0.0, event_price(after, after, rates, kept=kept))
+
+
+def event_interval(after: float, growth: float, rates: Rates, *, idle: bool = False, extra: float = 0.0,
+                   kept: float = 0.0) -> float:
+    """The cost-optimal number of requests between two compaction events of a view that
+    settles at ``after`` tokens (rewritten from token ``kept`` on) and grows by ``growth`` tokens
+    a request: L* = sqrt(2R / (c g)).
+
+    Append-only between events, each request reads ``c * g`` more from the cache than the one
+    before (c: the cached rate), so L requests after an event they have read ``c g L^2 / 2``
+    beyond the settled view, against one rewrite ``R`` (``rewrite_premium`` plus ``extra``, e.g. a
+    summary call) per L requests. Their sum per request, ``R / L + c g L / 2``, is least at L*.
+    Dear writes or cheap reads space events out; a fast-growing session compacts more often.
+    Unknown growth (0): no interval (``inf``)."""
+    premium = rewrite_premium(after, rates, idle=idle, kept=kept) + extra
+    step = rates.cached * growth
+    if premium <= 0:
+        return 0.0
+    return math.inf if step <= 0 else math.sqrt(2 * premium / step)
 
 
 def event_pays(before: float, after: float, further: float, rates: Rates, *, idle: bool = False,
-               extra: float = 0.0) -> bool:
-    """Does shrinking a ``before``-token view to ``after`` tokens save more over ``further``
-    requests than it costs (``extra``: anything else the event needs, e.g. a summary call)?"""
+               extra: float = 0.0, growth: float = 0.0, kept: float = 0.0) -> bool:
+    """Does shrinking a ``before``-token view to ``after`` tokens pay (``extra``: anything else
+    the event needs, e.g. a summary call; ``further``: the session's likely further requests;
+    ``kept``: the view's prefix the event leaves as it was, still served from the cache)?
+
+    With the session's observed ``growth`` per request, the event is priced by the interval rule
+    (``event_interval``): it is due once what the view's excess costs on every request
+    (``c * (before - after)``, in cached reads) has reached the least average cost of a whole
+    cycle, ``c g L*`` = sqrt(2 R c g), i.e. once the view has grown about ``g L*`` past the size it
+    settles at. Earlier, waiting is cheaper (the rewrite would come round again too soon); and
+    its saving, priced over the requests until the next event is expected (L*, or the session's
+    likely end if sooner), must cover what the event's request pays beyond an appended view.
+    Without growth, the saving is priced over all of ``further``."""
     if after >= before:
         return False
-    saving = (resent(before, rates) - resent(after, rates)) * further
-    return saving > event_price(before, after, rates, idle=idle) + extra
+    saving = resent(before, rates) - resent(after, rates)  # on each later request
+    horizon = further
+    if growth > 0:
+        interval = event_interval(after, growth, rates, idle=idle, extra=extra, kept=kept)
+        if saving < rates.cached * growth * interval:
+            return False
+        horizon = min(further, max(1.0, interval))
+    return saving * horizon > event_price(before, after, rates, idle=idle, kept=kept) + extra
 
 
 def summary_price(input_tokens: float, output_tokens: float, rates: Rates, *, cached_share: float = 0.0) -> float:
@@ -141,23 +204,31 @@ class SummaryCase:
     summary_output: int  # tokens it would write
     target_tokens: int  # the view an event settles at once the summary exists
     cached_share: float = 0.0  # of the summary call's input, served from the provider's cache
+    pace: float = 0.0  # client tokens per request so far, on average (0: unknown)
 
 
-def summary_due(case: SummaryCase, trigger_ratio: float, rates: Rates) -> bool:
+def summary_due(case: SummaryCase, trigger_ratio: float, rates: Rates, *, fit_first: bool = True) -> bool:
     """Should a background summary be written now?
 
     Never below the profile's ``summary_trigger_ratio`` of the budget. A conversation that
-    still fits as the client sent it gets one only when its growth says it will stop fitting
-    within ``LEAD_REQUESTS`` (before that, any summary is a cost without a saving: the view can
-    go as it came, and the provider caches it). One that does not fit gets one when what its
-    smaller views save over the session's likely further requests exceeds the call's price.
+    still fits as the client sent it gets one when its growth says it will stop fitting within
+    ``LEAD_REQUESTS``. Before that, with ``fit_first`` (balanced, fidelity), none: the view can
+    go as it came, and the provider caches it, so the bill never goes above direct. Without it
+    (economy), one when the event it enables pays for the summary call too (``event_pays`` with
+    the call as ``extra``, at the session's ``pace``): a long session re-reads its whole history
+    on every request, and a smaller view pays a rewrite back within a few. One that does not fit
+    gets one when what its smaller views save over the session's likely further requests exceeds
+    the call's price.
     """
     if case.view_tokens < trigger_ratio * case.budget:
         return False
-    if case.client_tokens <= case.budget:
-        return case.client_tokens + LEAD_REQUESTS * max(0, case.growth) > case.budget
-    saving = rates.cached * max(0, case.view_tokens - case.target_tokens) * further_requests(case.requests)
     price = summary_price(case.summary_input, case.summary_output, rates, cached_share=case.cached_share)
+    if case.client_tokens <= case.budget:
+        if case.client_tokens + LEAD_REQUESTS * max(0, case.growth) > case.budget:
+            return True
+        return not fit_first and event_pays(case.view_tokens, case.target_tokens, further_requests(case.requests),
+                                            rates, extra=price, growth=case.pace)
+    saving = rates.cached * max(0, case.view_tokens - case.target_tokens) * further_requests(case.requests)
     return saving > price
 
 

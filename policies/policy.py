@@ -174,6 +174,11 @@ class Policy(BaseModel):
         True, description="Compaction events between compact_trigger_ratio and sync_compaction_ratio, and summary jobs, only "
         "when they pay for themselves (policies/cost.py); off: the ratios trigger unconditionally."
     )
+    fit_first: bool = Field(
+        True, description="A conversation that fits the window as the client sent it gets no summary: billed as direct, "
+        "never above it (old tool results may still become placeholders where that pays). Off: a long one that fits is "
+        "also summarised when the smaller view pays for the summary and its rewrite (policies/cost.py); on by default in "
+        "every profile, as on chat-shaped 128k sessions it measured dearer than placeholders alone (bench/README.md).")
     cached_input_rate: float | None = Field(
         None, ge=0, le=1, description="A cached input token's price / an uncached one's (cost model); unset: the model's "
         "cache rule (policies/prices.py), else 0.1.")

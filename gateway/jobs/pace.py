@@ -4,29 +4,19 @@
 After each response the summarizer asks ``summary_due`` whether a background summary is worth
 writing. The inputs come from the request itself, so every replica (and a restart) decides the
 same: the session's requests so far are the client turns on its path (each user message or tool
-result is what a client sends a request with), and its growth is what the client added since
-its previous request (the newest answer and what follows it).
+result is what a client sends a request with), its growth is what the client added since
+its previous request (the newest answer and what follows it), and its pace the client's tokens
+per request so far (the interval rule of ``policies/cost.event_pays``). A cache-forked call's
+input is priced as cached by the model's cache rule (its minimum prefix and step).
 """
 
 from __future__ import annotations
 
 from policies import TokenCounter
-from policies.cost import SUMMARY_TOKENS_PER_WORD, SummaryCase, cost_rates, requests_seen, summary_due as cost_summary_due
+from policies.cost import (SUMMARY_TOKENS_PER_WORD, SummaryCase, cacheable, cost_rates, requests_on_path,
+                           requests_seen, summary_due as cost_summary_due)
 
-# Of a cache-forked summary call's input, the share the provider serves from its cache (all of
-# the view just sent; only the answer and the instruction are new).
-FORK_CACHED_SHARE = 0.9
-
-
-def requests_on_path(history: list[dict]) -> int:
-    """The client turns of a path: what an append-only client sent its requests with."""
-    turns, previous = 0, None
-    for message in history:
-        role = message.get("role")
-        if role in ("user", "tool") and previous not in ("user", "tool"):
-            turns += 1
-        previous = role
-    return turns
+__all__ = ["growth_on_path", "requests_on_path", "summary_due"]
 
 
 def growth_on_path(history: list[dict], ids: list[str], counter: TokenCounter) -> int:
@@ -50,16 +40,21 @@ def summary_due(turn, counter: TokenCounter, forks: bool) -> bool:
     policy = view.policy
     if not policy.cost_model:
         return view.upstream_tokens >= policy.summary_trigger_ratio * view.budget
+    rates = cost_rates(policy)
+    # An arrival (this request brought its whole history to the ledger) has run one request.
+    requests = requests_seen(requests_on_path(chat.history), arrived(chat))
+    # A fork reads the view; a view with a checkpoint folds about what it shows after the
+    # boundary; without one, everything.
+    summary_input = view.upstream_tokens if forks or view.checkpoint else view.client_tokens
     case = SummaryCase(
         client_tokens=view.client_tokens, view_tokens=view.upstream_tokens, budget=view.budget,
-        growth=growth_on_path(chat.history, chat.ids, counter),
-        # An arrival (this request brought its whole history to the ledger) has run one request.
-        requests=requests_seen(requests_on_path(chat.history), arrived(chat)),
-        # A fork reads the view; a view with a checkpoint folds about what it shows after the
-        # boundary; without one, everything.
-        summary_input=view.upstream_tokens if forks or view.checkpoint else view.client_tokens,
+        growth=growth_on_path(chat.history, chat.ids, counter), requests=requests,
+        summary_input=summary_input,
         summary_output=int(policy.summary_max_words * SUMMARY_TOKENS_PER_WORD),
         target_tokens=int(policy.view_target_ratio * view.budget),
-        cached_share=FORK_CACHED_SHARE if forks else 0.0,
+        # A fork re-reads the view just sent: the part the provider's cache rule serves (its
+        # minimum prefix and step) at the read rate.
+        cached_share=cacheable(summary_input, rates) / summary_input if forks and summary_input else 0.0,
+        pace=view.client_tokens / max(1, requests),
     )
-    return cost_summary_due(case, policy.summary_trigger_ratio, cost_rates(policy))
+    return cost_summary_due(case, policy.summary_trigger_ratio, rates, fit_first=policy.fit_first)
