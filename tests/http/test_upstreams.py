@@ -137,6 +137,17 @@ async def test_every_format_goes_to_the_upstream_of_its_model_with_only_its_keys
     assert 'route="responses",status="200",upstream="default"' in metrics
 
 
+async def _session_goes_on(http, root: str, model: str, history: list[dict], headers: dict) -> None:
+    """Two requests of one session: a history arriving at once gets its summary only when the
+    session goes on (a one-shot arrival pays none, tests/pipeline/test_arrival.py)."""
+    async with http.post(root + "/v1/chat/completions", json={"model": model, "messages": history}, headers=headers) as r:
+        assert r.status == 200, await r.text()
+        answer = (await r.json())["choices"][0]["message"]["content"]
+    more = [*history, {"role": "assistant", "content": answer}, {"role": "user", "content": "hi from acme, and then?"}]
+    async with http.post(root + "/v1/chat/completions", json={"model": model, "messages": more}, headers=headers) as r:
+        assert r.status == 200, await r.text()
+
+
 def _long_history(rounds: int, size: int = 400) -> list[dict]:
     history = []
     for i in range(rounds):
@@ -152,9 +163,7 @@ async def test_summary_calls_go_to_the_sessions_upstream_in_its_format(two, name
     model = MODELS[name]
     history = _long_history(14 if name == "a" else 28)
     async with aiohttp.ClientSession() as http:
-        async with http.post(root + "/v1/chat/completions", json={"model": model, "messages": history},
-                             headers={"X-Session-Id": f"long-{name}", "Authorization": "Bearer pk-acme"}) as r:
-            assert r.status == 200, await r.text()
+        await _session_goes_on(http, root, model, history, {"X-Session-Id": f"long-{name}", "Authorization": "Bearer pk-acme"})
     await settle(type("G", (), {"app": app})(), timeout_s=20)
     own, other = (a, b) if name == "a" else (b, a)
     summaries = own.summaries()
@@ -173,9 +182,8 @@ async def test_a_summary_model_of_the_upstream_writes_its_sessions_summaries(two
                                              "models": ["claude-*"], "summary_model": "claude-b"}})
     async with aiohttp.ClientSession() as http:
         for name in ("a", "b"):
-            async with http.post(root + "/v1/chat/completions", json={"model": MODELS[name], "messages": _long_history(28)},
-                                 headers={"X-Session-Id": f"sm-{name}", "Authorization": "Bearer pk-zed"}) as r:
-                assert r.status == 200
+            await _session_goes_on(http, root, MODELS[name], _long_history(28),
+                                   {"X-Session-Id": f"sm-{name}", "Authorization": "Bearer pk-zed"})
     await settle(type("G", (), {"app": app})(), timeout_s=20)
     # policy.summary_model (gpt-a) is served by A: A's sessions use it; B's use B's own summary_model.
     assert a.summaries() and {r["json"]["model"] for r in a.summaries()} == {"gpt-a"}
