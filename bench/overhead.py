@@ -104,8 +104,8 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=5)
 
 
-def tree_rss_mb(pid: int) -> float | None:
-    """VmRSS of pid and all its descendants (workers, reloaders), in MiB."""
+def process_tree(pid: int) -> list[int]:
+    """pid and all its descendants (workers, reloaders), from /proc."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -114,36 +114,34 @@ def tree_rss_mb(pid: int) -> float | None:
             stat = (entry / "stat").read_text()
             ppid = int(stat.rsplit(")", 1)[1].split()[1])
             children.setdefault(ppid, []).append(int(entry.name))
-    total_kb, stack, seen = 0, [pid], False
+    tree, stack = [], [pid]
     while stack:
         current = stack.pop()
+        tree.append(current)
+        stack.extend(children.get(current, []))
+    return tree
+
+
+def tree_rss_mb(pid: int) -> float | None:
+    """VmRSS of pid and all its descendants, in MiB."""
+    total_kb, seen = 0, False
+    for current in process_tree(pid):
         with contextlib.suppress(OSError):
             for line in Path(f"/proc/{current}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
                     total_kb += int(line.split()[1])
                     seen = True
-        stack.extend(children.get(current, []))
     return total_kb / 1024 if seen else None
 
 
 def tree_cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of pid and all its descendants, in seconds (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            stat = (entry / "stat").read_text()
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry.name))
-    ticks, stack, seen = 0, [pid], False
-    while stack:
-        current = stack.pop()
+    """User + system CPU time of pid and all its descendants, in seconds."""
+    ticks, seen = 0, False
+    for current in process_tree(pid):
         with contextlib.suppress(OSError, IndexError, ValueError):
             fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
             ticks += int(fields[11]) + int(fields[12])  # utime, stime
             seen = True
-        stack.extend(children.get(current, []))
     return ticks / os.sysconf("SC_CLK_TCK") if seen else None
 
 
