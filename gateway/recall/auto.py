@@ -30,7 +30,6 @@ import time
 from gateway.recall.tools import CHARS_PER_TOKEN, PASSAGE_SHARES, RecallTools
 from policies.fences import defuse
 from policies.messages import content_text
-from policies.planner import with_block  # noqa: F401 (the "user" placement; tests read it here)
 
 log = logging.getLogger("palimpsest.recall")
 

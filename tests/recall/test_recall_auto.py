@@ -76,7 +76,7 @@ async def test_user_placement_puts_the_block_in_the_newest_user_message(start_ga
 
 
 def test_user_placement_keeps_content_parts():
-    from gateway.recall.auto import with_block
+    from policies.planner import with_block
 
     parts = [{"type": "text", "text": "what was the id?"}, {"type": "image_url", "image_url": {"url": "data:,"}}]
     out = with_block({"role": "user", "content": parts}, "<recalled_history>x</recalled_history>")
