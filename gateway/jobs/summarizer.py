@@ -409,11 +409,19 @@ class Summarizer:
         summary, state = checked
         covered_tokens = (previous.covered_tokens if previous else 0) + await off_loop(self._tokens, delta, delta_ids)
         summary_tokens = self.counter.count_text(summary or "")
+        meta = {"after": job.ids[-1]}  # views adopt it at their first compaction event after this
+        if job.mode != "sync" and self.ledger is not None:
+            # ...and after the session's newest event as it is stored: a job that finishes while
+            # the next request is already under way was not there when that request's view was
+            # built, so that request's event must not adopt it when a later request replays it.
+            record = await store_call(self.ledger.session, job.ref.key)
+            if record is not None and record.head:
+                meta["known_at"] = record.head
         cp = await store_call(
             self.checkpoints.add, job.ref.key, boundary=job.ids[end - 1], summary=summary or "", state=state, covered_tokens=covered_tokens,
             covered_events=end, model=model, mode=job.mode,
             previous=previous.id if previous else None, summary_tokens=summary_tokens,
-            meta={"after": job.ids[-1]},  # views adopt it at their first compaction event after this
+            meta=meta,
         )
         self.metrics.summary_created.labels(job.mode).inc()
         if model == DETERMINISTIC_MODEL:

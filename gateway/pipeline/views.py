@@ -157,7 +157,9 @@ class ViewBuilder:
             if pos is None:
                 continue
             index, index_tokens = self.hidden.index(chat, cp, pos, req.policy, req.budget, req.recall_names)
-            found.append(CheckpointInput(cp, cp.id, pos, max(pos, positions.get((cp.meta or {}).get("after"), pos)),
+            meta = cp.meta or {}
+            known = max(pos, positions.get(meta.get("after"), pos), positions.get(meta.get("known_at"), pos))
+            found.append(CheckpointInput(cp, cp.id, pos, known,
                                          cp.summary, cp.state, cp.mode == "sync", index, index_tokens))
         return found
 
