@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -36,7 +38,7 @@ from gateway.http.sse import end_stream
 from gateway.http.upstream import response_headers
 from gateway.ops.receipts import RECEIPT_HEADER, new_receipt_id
 from gateway.keys import LOG_FIELDS, MODEL, REQUEST_ID, SESSION, TENANT, UPSTREAM_KEY, UPSTREAM_NAME
-from gateway.settings import DEFAULT_UPSTREAM
+from gateway.settings import DEFAULT_UPSTREAM, Settings
 from store import call as store_call
 from store.records import SessionRef
 
@@ -45,23 +47,24 @@ from store.records import SessionRef
 BIG_SYNC_MESSAGES = 2000
 
 
+@dataclass(eq=False, kw_only=True)
 class Pipeline:
-    def __init__(self, peer: FormatPeer, *, settings, upstream: Upstreams, ledger, identity: Identity, metrics,
-                 views: ViewBuilder, recorder: TurnRecorder, quota=None, loop=None, limits=None) -> None:
-        self.peer = peer  # what is the format's own (gateway/<format>/peer.py)
-        self.route = peer.route
-        self.settings = settings
-        self.upstream = upstream
-        self.ledger = ledger
-        self.identity = identity
-        self.metrics = metrics
-        self.views = views
-        self.recorder = recorder
-        self.quota = quota  # per-tenant storage quotas (gateway/pipeline/quota.py)
-        self.loop = loop  # the recall loop (gateway/pipeline/recall_loop.py), one for every format
-        self.limits = limits  # per-tenant caps and request rate (gateway/pipeline/limits.py)
-        self.drop = frozenset({settings.session.header.lower(), BYPASS_HEADER})  # the gateway's own headers: never upstream
-        self._bypass_tenants = frozenset(name for name, t in settings.tenant_table().items() if t.bypass)
+    peer: FormatPeer = field(kw_only=False)  # what is the format's own (gateway/<format>/peer.py)
+    settings: Settings
+    upstream: Upstreams
+    ledger: Any  # store.interfaces.LedgerStore
+    identity: Identity
+    metrics: Any  # gateway.ops.metrics.Metrics
+    views: ViewBuilder
+    recorder: TurnRecorder
+    quota: StorageQuota | None = None  # per-tenant storage quotas (gateway/pipeline/quota.py)
+    loop: Any = None  # the recall loop (gateway/pipeline/recall_loop.py), one for every format
+    limits: Any = None  # per-tenant caps and request rate (gateway/pipeline/limits.py)
+
+    def __post_init__(self) -> None:
+        self.route = self.peer.route
+        self.drop = frozenset({self.settings.session.header.lower(), BYPASS_HEADER})  # the gateway's own headers: never upstream
+        self._bypass_tenants = frozenset(name for name, t in self.settings.tenant_table().items() if t.bypass)
 
     def via_chat(self, model: str) -> bool:
         """Whether `model` is configured with ``api = "chat"`` and the format has a translation for it."""
