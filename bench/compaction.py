@@ -447,7 +447,7 @@ async def gateway_time(args) -> dict:
                 ids = path_ids(chat.history)
                 t2 = time.perf_counter()
                 chat.ids = ledger.sync(ref, chat.history, ids).ids
-                if hasattr(ledger, "note_request"):  # as ChatPipeline.handle does, when it does
+                if hasattr(ledger, "note_request"):  # as Pipeline.handle does, when it does
                     ledger.note_request(ref)
                 t3 = time.perf_counter()
                 view = await views.build(chat, ref, None)

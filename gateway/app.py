@@ -17,7 +17,7 @@ from typing import AsyncIterator
 from aiohttp import web
 
 from gateway.ops.admin import setup_admin
-from gateway.chat.pipeline import ChatPipeline, handle_chat
+from gateway.chat.peer import ChatPeer
 from gateway.pipeline.limits import TenantLimits
 from gateway.pipeline.quota import StorageQuota
 from gateway.http.errors import Unauthorized
@@ -31,16 +31,19 @@ from gateway.ops.metrics import Metrics
 from gateway.http.proxy import passthrough
 from gateway.settings import Settings
 from gateway.recall.embeddings import RemoteEmbedder
+from gateway.pipeline.pipeline import Pipeline
 from gateway.pipeline.recall_loop import RecallLoop
 from gateway.pipeline.turn import TurnRecorder
 from gateway.jobs.indexer import Indexer
 from gateway.recall.tools import RecallTools
-from gateway.keys import (INDEXER, CHECKPOINTS, COUNTER, IDENTITY, LEDGER, MESSAGES, METRICS, PIPELINE, RECEIPTS, RESPONSES,
-                          SETTINGS, SUMMARIZER, TURNS, UPSTREAM)
+from gateway.keys import (INDEXER, CHECKPOINTS, COUNT_TOKENS, COUNTER, IDENTITY, LEDGER, MESSAGES, METRICS, PIPELINE,
+                          RECEIPTS, RESPONSES, SETTINGS, SUMMARIZER, TURNS, UPSTREAM)
 from gateway.ops.receipts import client_receipt
-from gateway.messages.pipeline import MessagesPipeline
+from gateway.messages.count_tokens import CountTokens
+from gateway.messages.peer import MessagesPeer
 from gateway.responses.compaction import Compactor
-from gateway.responses.pipeline import ResponsesPipeline
+from gateway.responses.peer import ResponsesPeer
+from gateway.responses.routes import ResponsesRoutes
 from gateway.responses.stored import stored_response
 from gateway.jobs.summarizer import Summarizer
 from gateway.http.routing import Upstreams, build_upstreams
@@ -103,12 +106,16 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
     return web.Response(body=metrics.render(), headers={"Content-Type": metrics.content_type})
 
 
+async def handle_chat(request: web.Request) -> web.StreamResponse:
+    return await request.app[PIPELINE].handle(request)
+
+
 async def handle_responses(request: web.Request) -> web.StreamResponse:
     return await request.app[RESPONSES].handle(request)
 
 
 async def handle_compact(request: web.Request) -> web.StreamResponse:
-    return await request.app[RESPONSES].compact_route(request)
+    return await request.app[RESPONSES].compact(request)
 
 
 async def handle_messages(request: web.Request) -> web.StreamResponse:
@@ -116,7 +123,7 @@ async def handle_messages(request: web.Request) -> web.StreamResponse:
 
 
 async def handle_count_tokens(request: web.Request) -> web.StreamResponse:
-    return await request.app[MESSAGES].count_tokens(request)
+    return await request.app[COUNT_TOKENS].handle(request)
 
 
 def create_app(settings: Settings) -> web.Application:
@@ -212,26 +219,25 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                                auto_placement=settings.recall.auto_placement,
                                auto_timeout_s=settings.recall.auto_timeout_s,
                                expand_queries=settings.recall.expand_queries)
-    # One recall loop for every format: each pipeline is its adapter (gateway/pipeline/adapter.py).
-    recall = RecallLoop(session_header=settings.session.header, views=views, tools=recall_tools, recorder=recorder,
-                        max_rounds=settings.recall.max_rounds, metrics=metrics)
+    # One recall loop for every format: the turn's format peer writes its bodies and reads its answers.
+    recall = RecallLoop(views=views, tools=recall_tools, recorder=recorder, max_rounds=settings.recall.max_rounds,
+                        metrics=metrics)
     quota = StorageQuota(ledger, settings.store.max_stored_mb,
                          {name: t.max_stored_mb for name, t in settings.tenant_table().items()})
     limits = TenantLimits(settings.limits, settings.tenant_table())
-    pipeline_parts = dict(settings=settings, upstream=upstream, ledger=ledger, identity=app[IDENTITY], metrics=metrics,
-                          views=views, recorder=recorder, quota=quota, loop=recall, limits=limits)
-    app[PIPELINE] = ChatPipeline(**pipeline_parts)
     response_ids = open_response_ids(settings.store, ledger)  # shared by replicas with store.url
     if not settings.store.url:  # the embedded store: 0700/0600, an existing store's modes fixed (store/private.py)
         secure_tree(settings.store.path)
-    responses = ResponsesPipeline(
-        **pipeline_parts, response_ids=response_ids,
+    # One Pipeline class; each format's own steps are its peer's (gateway/<format>/peer.py).
+    parts = dict(settings=settings, upstream=upstream, ledger=ledger, identity=app[IDENTITY], metrics=metrics,
+                 views=views, recorder=recorder, quota=quota, loop=recall, limits=limits)
+    app[PIPELINE] = Pipeline(ChatPeer(), **parts)
+    app[RESPONSES] = ResponsesRoutes(  # previous_response_id, compaction, stored ids around its pipeline
+        Pipeline(ResponsesPeer(response_ids=response_ids, metrics=metrics), **parts), response_ids=response_ids,
         compactor=Compactor(ledger=ledger, checkpoints=checkpoints, summarizer=summarizer, views=views,
-                            secret=await store_call(response_ids.secret)),
-    )
-    app[RESPONSES] = responses
-    messages = MessagesPipeline(**pipeline_parts)
-    app[MESSAGES] = messages
+                            secret=await store_call(response_ids.secret)))
+    app[MESSAGES] = Pipeline(MessagesPeer(), **parts)
+    app[COUNT_TOKENS] = CountTokens(app[MESSAGES])
     app[INDEXER] = indexer
     flusher = asyncio.create_task(_flush_answers(ledger, turns), name="ledger-flush")
     retention = (asyncio.create_task(_retention(settings.store.retention_days, ledger, checkpoints, indexer, turns, response_ids), name="retention")

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 class ChatHandler(Protocol):
-    """POST /v1/chat/completions (``gateway.chat.pipeline.ChatPipeline``)."""
+    """POST /v1/chat/completions (``gateway.pipeline.pipeline.Pipeline`` with ``gateway.chat.peer.ChatPeer``)."""
 
     views: Any  # the view builder; the inspector wraps a read-only copy of it
 
@@ -64,8 +64,9 @@ CHECKPOINTS: web.AppKey[CheckpointStore] = web.AppKey("checkpoints")
 TURNS: web.AppKey[TurnLogStore] = web.AppKey("turns")
 RECEIPTS: web.AppKey[ReceiptStore] = web.AppKey("receipts")
 PIPELINE: web.AppKey[ChatHandler] = web.AppKey("pipeline")
-RESPONSES: web.AppKey[Any] = web.AppKey("responses")  # gateway.responses.pipeline.ResponsesPipeline
-MESSAGES: web.AppKey[Any] = web.AppKey("messages")  # gateway.messages.pipeline.MessagesPipeline
+RESPONSES: web.AppKey[Any] = web.AppKey("responses")  # gateway.responses.routes.ResponsesRoutes (its .pipeline)
+MESSAGES: web.AppKey[Any] = web.AppKey("messages")  # the Pipeline with gateway.messages.peer.MessagesPeer
+COUNT_TOKENS: web.AppKey[Any] = web.AppKey("count_tokens")  # gateway.messages.count_tokens.CountTokens
 SUMMARIZER: web.AppKey[SummaryJobs] = web.AppKey("summarizer")
 INDEXER: web.AppKey[IndexKeeper] = web.AppKey("indexer")
 

@@ -1,7 +1,7 @@
 """The neutral conversation model every policy works on, whatever wire format a client speaks.
 
 Clients speak Chat Completions, the Responses API or Anthropic Messages. Each wire format has an
-adapter (``gateway/formats/``) that parses a request into this model and renders a view of it
+adapter (``gateway/<format>/adapter.py``) that parses a request into this model and renders a view of it
 back; the policies (rounds, the view plan, compaction, tailoring, projection, summaries, recall
 schemas) see only this model. A conversation is *instructions* plus *history*, and every item of
 either is a plain dict with these keys:
@@ -54,6 +54,17 @@ def opaque_identity(item: Any) -> Any:
     if isinstance(item, list):
         return [opaque_identity(v) for v in item]
     return item
+
+
+def assistant_message(texts: list[str], calls: list[dict], opaque: list) -> dict:
+    """The neutral assistant item of a run of model-side wire items: their texts joined, their
+    calls and opaque parts (each key only when there are any)."""
+    out: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
+    if calls:
+        out["tool_calls"] = calls
+    if opaque:
+        out["opaque"] = opaque
+    return out
 
 
 def wire_items(message: dict, fmt: str) -> list[dict] | None:

@@ -293,3 +293,37 @@ def test_the_view_planner_is_pure():
     planner = MODULES["policies.planner"]
     assert sorted(t for t in planner.every if t.split(".")[0] in ("gateway", "store")) == []
     assert "policies.planner" in MODULES["gateway.pipeline.views"].every
+
+
+def pipeline_subclasses(modules: dict[str, Module]) -> list[str]:
+    """Classes that derive from the one ``Pipeline`` (or from the ``WirePipeline`` it replaced),
+    by name, imported or through a module alias."""
+    found = []
+    for module in modules.values():
+        for node in ast.walk(module.tree):
+            if isinstance(node, ast.ClassDef):
+                bases = {b.id if isinstance(b, ast.Name) else b.attr for b in node.bases if isinstance(b, (ast.Name, ast.Attribute))}
+                if bases & {"Pipeline", "WirePipeline"}:
+                    found.append(f"{module.name}.{node.name}")
+    return found
+
+
+def test_nothing_subclasses_the_pipeline():
+    """Issue 25: one Pipeline class, composed with each format's peer; a format's own steps are
+    its peer's methods, handed in by the composition root, never overrides of the pipeline."""
+    import gateway.app  # noqa: F401  (the composition root imports every format's peer)
+    from gateway.pipeline.adapter import FormatPeer
+    from gateway.pipeline.pipeline import Pipeline
+
+    assert pipeline_subclasses(MODULES) == [] and Pipeline.__subclasses__() == []
+    named = {f"{m.name}.{node.name}" for m in MODULES.values() if m.name.startswith("gateway.")
+             for node in ast.walk(m.tree) if isinstance(node, ast.ClassDef) and node.name.endswith("Pipeline")}
+    assert named == {"gateway.pipeline.pipeline.Pipeline"}  # no ChatPipeline, ResponsesPipeline, MessagesPipeline
+    assert {cls.__name__ for cls in FormatPeer.__subclasses__()} == {"ChatPeer", "ResponsesPeer", "MessagesPeer"}
+
+
+def test_the_subclass_check_catches_one():
+    known = {"gateway.pipeline.pipeline", "gateway.chat.peer"}
+    direct = _synthetic("gateway.chat.peer", "from gateway.pipeline.pipeline import Pipeline\nclass ChatPipeline(Pipeline):\n    pass\n", known)
+    aliased = _synthetic("gateway.responses.peer", "from gateway.pipeline import pipeline as p\nclass R(p.Pipeline):\n    pass\n", known)
+    assert pipeline_subclasses({m.name: m for m in (direct, aliased)}) == ["gateway.chat.peer.ChatPipeline", "gateway.responses.peer.R"]

@@ -11,7 +11,6 @@ import orjson
 
 from gateway.chat import shape
 from gateway.pipeline.request import ChatRequest, json_object
-from gateway.pipeline.history_ids import history_ids
 from store.canonical import is_instruction
 
 
@@ -31,9 +30,3 @@ def chat_request(body: dict, raw: bytes | None = None) -> ChatRequest:
     history = [m for m in messages if not is_instruction(m)]
     return ChatRequest(orjson.dumps(body) if raw is None else raw, body, body["model"], bool(body.get("stream")),
                        instructions, history, max_out)
-
-
-def parse_and_hash(raw: bytes) -> tuple[ChatRequest, list[str]]:
-    """The parsed request and its history's content addresses (``path_ids``)."""
-    chat = parse_chat_request(raw)
-    return chat, history_ids(chat.history, len(raw))

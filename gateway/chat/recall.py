@@ -20,7 +20,7 @@ import orjson
 
 from gateway.http.errors import UpstreamErrorEvent
 from gateway.http.sse import StreamAssembler, ToolCallIndexer, encode_event, readable_chunk, readable_completion
-from gateway.pipeline.adapter import RecallFormat, Reply
+from gateway.pipeline.adapter import Reply
 from gateway.pipeline.stream_filter import Role, StreamFilter
 from gateway.pipeline.turn import Turn, add_usage
 from policies import is_recall_call
@@ -233,6 +233,3 @@ class ChatRecallStream:
         if not choices_out:
             return None
         return {**event, **first, "choices": choices_out, "usage": None} if "usage" in event else {**event, **first, "choices": choices_out}
-
-
-RECALL = RecallFormat(recall_body, ChatJsonTurn, ChatRecallStream)

@@ -70,9 +70,16 @@ def error_event(error: GatewayError) -> bytes:
 async def end_with_error(response: web.StreamResponse, error: GatewayError) -> None:
     """End a started stream with `error` as its last event and close the connection (no
     [DONE]: the answer is not complete, and a client must not take it for one)."""
+    await end_stream(response, error_event(error))
+
+
+async def end_stream(response: web.StreamResponse, last: bytes) -> None:
+    """End a started stream with the error event `last` (b"": none) and close the connection:
+    no closing event of the format follows, so the client never takes the answer for complete."""
     response.force_close()
     with contextlib.suppress(ConnectionError, RuntimeError):  # the client may be gone already
-        await response.write(error_event(error))
+        if last:
+            await response.write(last)
         await response.write_eof()
 
 

@@ -67,11 +67,11 @@ def credential_headers(auth: Auth) -> dict[str, str]:
 
 def fork_applies(turn) -> bool:
     """Could a summary after this turn be a cache fork of its view? Not where the format has no
-    fork for it (``turn.fork``), with another summary model or endpoint (no shared cache), a view
+    fork for it (``turn.peer``), with another summary model or endpoint (no shared cache), a view
     tailoring cut (the fork would not see the whole delta), legacy functions, or no room in the
     window for the instruction and the summary."""
     view, chat, policy = turn.view, turn.chat, turn.view.policy
-    if turn.fork is None:
+    if turn.peer is None:
         return False
     if not policy.summary_cache_fork or policy.summary_base_url or (policy.summary_model and policy.summary_model != chat.model):
         return False
@@ -91,7 +91,7 @@ def fork_parent(turn, answer: dict) -> SummaryFork | None:
     shown = view.messages if view.messages is not None else [*chat.instructions, *chat.history]
     if policy.redact_patterns and has_secret([*shown, answer], policy.redact_patterns):
         return None
-    return turn.fork(turn, answer)
+    return turn.peer.fork(turn, answer)
 
 
 class SummaryFailed(Exception):

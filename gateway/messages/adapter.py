@@ -38,7 +38,7 @@ import orjson
 from gateway.pipeline.request import ChatRequest, json_object
 from gateway.messages.cache_breakpoints import place_breakpoints
 from gateway.messages import shape
-from policies.conversation import opaque_identity, wire_items, with_wire
+from policies.conversation import assistant_message, opaque_identity, wire_items, with_wire
 
 FORMAT = "messages"
 
@@ -112,12 +112,7 @@ def assistant_item(blocks: list[dict], *, string: bool = False) -> dict:
                           "function": {"name": block.get("name"), "arguments": _arguments(block.get("input"))}})
         else:
             opaque.append(opaque_identity(block))
-    out: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
-    if calls:
-        out["tool_calls"] = calls
-    if opaque:
-        out["opaque"] = opaque
-    return _wired(out, blocks, string)
+    return _wired(assistant_message(texts, calls, opaque), blocks, string)
 
 
 def tool_item(block: dict) -> dict:

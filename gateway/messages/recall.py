@@ -11,24 +11,13 @@ without the recall calls.
 
 from __future__ import annotations
 
-import orjson
-
 from gateway.messages import adapter as fmt
 from gateway.messages.stream import (MessageAssembler, MessagesEvents, add_usage, answer_of, chat_usage, is_recall_block,
                                      visible_blocks)
-from gateway.pipeline.adapter import RecallFormat, Reply
+from gateway.pipeline.adapter import Reply
 from gateway.pipeline.stream_filter import StreamFilter
 from gateway.pipeline.turn import Turn
 from policies.messages import tool_calls
-
-
-def recall_body(turn: Turn, messages: list[dict], with_recall: bool, stream: bool) -> bytes:
-    tools = turn.view.tools if with_recall else turn.chat.body.get("tools")
-    body = fmt.render_body(turn.chat, messages, tools)
-    if not with_recall and not turn.chat.body.get("tools"):
-        body.pop("tools", None)
-        body.pop("tool_choice", None)
-    return orjson.dumps(body)
 
 
 def _reply(blocks: list, names: tuple[str, str], usage, complete: bool) -> Reply:
@@ -105,6 +94,3 @@ class MessagesRecallStream:
 
     def usage(self) -> dict | None:
         return chat_usage(self.filter.usage)
-
-
-RECALL = RecallFormat(recall_body, MessagesJsonTurn, MessagesRecallStream)

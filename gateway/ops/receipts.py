@@ -68,7 +68,7 @@ def prompt_items(turn: Any, counter, views) -> tuple[list[dict], int]:
         items.append({"kind": "tools", "tokens": tool_tokens, "names": names,
                       "recall_tools": [n for n in names if notes_names and n in notes_names]})
     total = sum(i["tokens"] for i in items)
-    wire = turn.wire_count(turn) if turn.wire_count is not None and view.messages is not None else None
+    wire = turn.peer.wire_count(turn, views) if turn.peer is not None and view.messages is not None else None
     if wire is not None and wire != total:
         # The format's wire form merges what the view holds apart (Messages: the gateway's system
         # texts join the client's system field, a mid-conversation block joins the user turn).

@@ -1,7 +1,7 @@
 """A format's requests on an upstream that serves only Chat Completions (``[models."x"] api = "chat"``).
 
 llama.cpp, vLLM's older builds and many hosted OpenAI-compatible APIs serve neither
-``/v1/responses`` nor ``/v1/messages``. For a model configured so, a format's pipeline and its
+``/v1/responses`` nor ``/v1/messages``. For a model configured so, the pipeline and the
 recall loop talk to a ``ChatTransport`` instead of the upstream: it takes the body the format
 would have sent, has the format render it as a Chat Completions body, posts that, and has the
 format translate the answer back (a JSON object, or the chunk stream event by event), so the

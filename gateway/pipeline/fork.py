@@ -12,8 +12,6 @@ only ``SummaryFork``. Which upstream the call goes to is the summary model's tra
 
 from __future__ import annotations
 
-from typing import Callable
-
 
 class SummaryFork:
     """The parent request of a cache-forked summary call, in its format."""
@@ -34,8 +32,3 @@ class SummaryFork:
     def reply(self, data: dict) -> tuple[str, dict | None]:
         """(the summary text, the call's usage as the provider reported it) of an answer."""
         raise NotImplementedError
-
-
-# What a format's pipeline hangs on a turn: the turn and its recorded answer (neutral) to the
-# fork of its view, or None where that format cannot fork it.
-Forker = Callable[[object, dict], "SummaryFork | None"]

@@ -25,6 +25,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any, Callable, TypeVar
 
+from gateway.pipeline.history_ids import history_ids
 from gateway.pipeline.request import ChatRequest
 from gateway.pipeline.views import View, ViewBuilder
 from store.records import SessionRef
@@ -63,12 +64,17 @@ async def pure(fn: Callable[..., T], messages: list, /, *args: Any, **kwargs: An
     return await asyncio.to_thread(fn, messages, *args, **kwargs)
 
 
-async def parse_and_hash(raw: bytes, parse: Callable[[bytes], tuple[ChatRequest, list[str]]]) -> tuple[ChatRequest, list[str]]:
-    """`parse(raw)`: a format's parsed request and its history's ids; in a worker thread when
-    the body is big."""
+def parsed_and_hashed(raw: bytes, peer) -> tuple[ChatRequest, list[str]]:
+    """A format's parsed request (``peer.parse``) and its history's ids."""
+    chat = peer.parse(raw)
+    return chat, history_ids(chat.history, len(raw))
+
+
+async def parse_and_hash(raw: bytes, peer) -> tuple[ChatRequest, list[str]]:
+    """``parsed_and_hashed``, in a worker thread when the body is big."""
     if not is_big(raw):
-        return parse(raw)
-    return await asyncio.to_thread(parse, raw)
+        return parsed_and_hashed(raw, peer)
+    return await asyncio.to_thread(parsed_and_hashed, raw, peer)
 
 
 class OnLoop:

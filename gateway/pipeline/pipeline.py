@@ -1,27 +1,30 @@
-"""The request steps every wire format's pipeline shares (docs/architecture.md, "Wire formats").
+"""The one request path every wire format takes (docs/architecture.md, "A request's path").
 
-``WirePipeline`` runs one request of an adapter's API on the neutral model: the storage quota,
-the view, the ledger sync (after the view, so a request refused for the window stores nothing;
-durable before the upstream call), the view (shared ``ViewBuilder``), the turn's headers, the
-choice between the recall loop and the plain relay, and what is observed and logged at the end.
-The plain relay forwards the client's bytes when the view is unchanged (else the rendered view),
+``Pipeline(peer)`` runs one request of a format's API on the neutral model: the storage quota,
+the view (shared ``ViewBuilder``), the ledger sync (after the view, so a request refused for
+the window stores nothing; durable before the upstream call), the turn's headers, the choice
+between the recall loop and the plain relay, and what is observed and logged at the end. The
+plain relay forwards the client's bytes when the view is unchanged (else the rendered view),
 streams the upstream's bytes to the client as they come and reads the stream on the side
-(``StreamWatch``) for the answer to record. A subclass names its route and path and supplies
-what is its format's own: parsing, rendering, reading an answer, the stream watcher and how a
-started stream ends with an error.
+(``StreamWatch``) for the answer to record. What is the format's own (parsing, rendering,
+reading an answer, the stream watcher, the error event of a started stream) is its peer's
+(``gateway/pipeline/adapter.FormatPeer``), handed in by the composition root (``gateway/app.py``);
+nothing subclasses the pipeline. Routes only one API has (``/v1/responses/compact``, stored
+responses, ``count_tokens``) live in its room and call these steps.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 from aiohttp import web
 
 from gateway.pipeline import offload
-from gateway.pipeline.fork import Forker
-from gateway.pipeline.adapter import RecallFormat
+from gateway.pipeline.adapter import FormatPeer, StreamWatch
 from gateway.pipeline.bypass import BYPASS_HEADER, bypass_reason
 from gateway.pipeline.quota import StorageQuota
 from gateway.pipeline.relay import DONE, upstream_events
@@ -31,10 +34,11 @@ from gateway.http.errors import GatewayError, UpstreamIncomplete
 from gateway.http.gate import tenant_of
 from gateway.http.identity import Identity
 from gateway.http.routing import Upstreams
+from gateway.http.sse import end_stream
 from gateway.http.upstream import response_headers
 from gateway.ops.receipts import RECEIPT_HEADER, new_receipt_id
 from gateway.keys import LOG_FIELDS, MODEL, REQUEST_ID, SESSION, TENANT, UPSTREAM_KEY, UPSTREAM_NAME
-from gateway.settings import DEFAULT_UPSTREAM
+from gateway.settings import DEFAULT_UPSTREAM, Settings
 from store import call as store_call
 from store.records import SessionRef
 
@@ -42,114 +46,59 @@ from store.records import SessionRef
 # A request this long is synced in a worker thread even when its body is small.
 BIG_SYNC_MESSAGES = 2000
 
-class StreamWatch:
-    """Reads a relayed stream's events on the side: ``feed`` each one (it may raise the
-    provider's error event as a GatewayError); ``final`` is the complete answer once the stream
-    says it is complete, else None."""
 
-    final: dict | None = None
+@dataclass(eq=False, kw_only=True)
+class Pipeline:
+    peer: FormatPeer = field(kw_only=False)  # what is the format's own (gateway/<format>/peer.py)
+    settings: Settings
+    upstream: Upstreams
+    ledger: Any  # store.interfaces.LedgerStore
+    identity: Identity
+    metrics: Any  # gateway.ops.metrics.Metrics
+    views: ViewBuilder
+    recorder: TurnRecorder
+    quota: StorageQuota | None = None  # per-tenant storage quotas (gateway/pipeline/quota.py)
+    loop: Any = None  # the recall loop (gateway/pipeline/recall_loop.py), one for every format
+    limits: Any = None  # per-tenant caps and request rate (gateway/pipeline/limits.py)
 
-    def feed(self, event: dict) -> None:
-        raise NotImplementedError
+    def __post_init__(self) -> None:
+        self.route = self.peer.route
+        self.drop = frozenset({self.settings.session.header.lower(), BYPASS_HEADER})  # the gateway's own headers: never upstream
+        self._bypass_tenants = frozenset(name for name, t in self.settings.tenant_table().items() if t.bypass)
 
-    def done(self) -> None:
-        """The stream's ``data: [DONE]`` sentinel (Chat Completions ends its streams with it)."""
-
-
-class WirePipeline:
-    route = "chat"
-    path = "/v1/chat/completions"
-    credentials: tuple[str, ...] = ("Authorization", "api-key")
-
-    def __init__(self, *, settings, upstream: Upstreams, ledger, identity: Identity, metrics, views: ViewBuilder,
-                 recorder: TurnRecorder, quota=None, loop=None, limits=None) -> None:
-        self.settings = settings
-        self.upstream = upstream
-        self.ledger = ledger
-        self.identity = identity
-        self.metrics = metrics
-        self.views = views
-        self.recorder = recorder
-        self.quota = quota  # per-tenant storage quotas (gateway/pipeline/quota.py)
-        self.loop = loop  # the recall loop (gateway/pipeline/recall_loop.py), one for every format
-        self.limits = limits  # per-tenant caps and request rate (gateway/pipeline/limits.py)
-        self._drop = frozenset({settings.session.header.lower(), BYPASS_HEADER})
-        self._bypass_tenants = frozenset(name for name, t in settings.tenant_table().items() if t.bypass)
-
-    # -- the format's own ---------------------------------------------------------------------
-
-    def parse_and_hash(self, raw: bytes):
-        """(ChatRequest, path ids) of a body; 400 in the format's envelope on what cannot be routed."""
-        raise NotImplementedError
-
-    def render(self, turn: Turn) -> bytes:
-        """The upstream body for a turn whose view changed the conversation."""
-        raise NotImplementedError
-
-    def learn(self, turn: Turn, data: dict) -> None:
-        """Take the answer (and usage) to record from a complete answer object."""
-        raise NotImplementedError
-
-    def watch(self) -> StreamWatch:
-        raise NotImplementedError
-
-    async def end_stream(self, response: web.StreamResponse, error: GatewayError) -> None:
-        """Tell `error` as the last event of a started stream and close the connection."""
-        raise NotImplementedError
-
-    def upstream_path(self, request: web.Request) -> str:
-        return self.path
-
-    # The format's translation for a chat-only model (a ``chat_transport.ChatTransport``), or None.
-    through_chat = None
-    # The format's ``request_form.skeleton`` (what of a request the ledger does not hold), or None.
-    request_form = None
-
-    def wire_count(self, turn: Turn) -> int | None:
-        """The prompt tokens of the turn's first upstream body as this format's adapter reads it
-        back, when that differs from counting the neutral view (the receipt itemises it)."""
-        return None
+    def via_chat(self, model: str) -> bool:
+        """Whether `model` is configured with ``api = "chat"`` and the format has a translation for it."""
+        configured = self.settings.models.get(model)
+        return self.peer.through_chat is not None and configured is not None and configured.api == "chat"
 
     def transport(self, model: str):
         """The upstream client for `model` (``post`` and ``reader``): the upstream that serves it,
         seen through Chat Completions for a model configured with ``api = "chat"``."""
         upstream = self.upstream.for_model(model)
-        configured = self.settings.models.get(model)
-        if self.through_chat is not None and configured is not None and configured.api == "chat":
-            return self.through_chat(upstream)
-        return upstream
+        return self.peer.through_chat(upstream) if self.via_chat(model) else upstream
 
     async def record(self, turn: Turn, tenant: str | None = None) -> None:
         await self.recorder.answer(turn)
+        await self.peer.recorded(turn, tenant)
 
-    def forker(self, request: web.Request) -> Forker | None:
-        """The format's cache fork of a turn's view for its summary call (None: that format
-        has none, and a summary reads the transcript instead)."""
-        return None
-    # The format's answers for the recall loop (its recall.py): this pipeline is the loop's adapter.
-    recall_format: RecallFormat
-
-    def recall_body(self, turn: Turn, messages: list[dict], with_recall: bool, stream: bool) -> bytes:
-        return self.recall_format.body(turn, messages, with_recall, stream)
-
-    def json_turn(self, turn: Turn):
-        return self.recall_format.json_turn(turn)
-
-    def recall_stream(self, turn: Turn):
-        return self.recall_format.stream(turn)
-
-    def recalls(self, turn: Turn) -> bool:
-        """Whether the recall loop serves this turn (its view carries the recall tools)."""
-        return turn.view.recall_names is not None
+    async def answer(self, request: web.Request, turn: Turn, response: web.Response, *, record: bool = True) -> web.Response:
+        """A whole (not streamed) answer to the client, its turn recorded first when `record`
+        (durable before the client has it; a turn without a complete answer records nothing)."""
+        if record:
+            await self.record(turn, request.get(TENANT))
+        await response.prepare(request)
+        await response.write_eof()
+        return response
 
     # -- shared steps --------------------------------------------------------------------------
 
     async def parsed(self, raw: bytes):
-        return await offload.parse_and_hash(raw, self.parse_and_hash)
+        """(the neutral request, its history's ids), off the event loop for a big body."""
+        return await offload.parse_and_hash(raw, self.peer)
 
     def auth(self, request: web.Request) -> dict[str, str] | None:
         """The client's credential headers, kept in memory for the gateway's own calls."""
-        return {h: v for h in self.credentials if (v := request.headers.get(h))} or None
+        return {h: v for h in self.peer.credentials if (v := request.headers.get(h))} or None
 
     async def admit(self, request: web.Request, chat, ids: list[str], ref: SessionRef | None) -> None:
         """Before anything is built or stored: the session named, the tenant within its storage
@@ -179,10 +128,12 @@ class WirePipeline:
 
     def turn(self, request: web.Request, chat, ref: SessionRef | None, timing: Timing, view: View, auth,
              bypass: str | None = None) -> Turn:
-        turn = Turn(chat, ref, request[MODEL], timing, view, auth=auth, route=self.route, bypass=bypass,
-                    wire_count=self.wire_count, request_form=self.request_form,
-                    upstream=request.get(UPSTREAM_NAME, DEFAULT_UPSTREAM),
-                    fork=self.forker(request))
+        peer = self.peer
+        turn = Turn(chat, ref, request[MODEL], timing, view, auth=auth, route=self.route, bypass=bypass, peer=peer,
+                    upstream=request.get(UPSTREAM_NAME, DEFAULT_UPSTREAM), via_chat=self.via_chat(chat.model))
+        if peer.fork_headers:
+            turn.fork_headers = {h: v for h in peer.fork_headers if (v := request.headers.get(h))}
+            turn.query = request.query_string
         turn.headers["x-request-id"] = request.get(REQUEST_ID, "")
         if ref is not None:
             turn.receipt = new_receipt_id()
@@ -210,8 +161,17 @@ class WirePipeline:
         bypass = self.bypass(request, tenant)
         ref = self.identity.session(request, tenant, ids[0] if ids else None)
         await self.admit(request, chat, ids, ref)
+        return await self.proceed(request, timing, chat, ids, ref, bypass)
+
+    async def proceed(self, request: web.Request, timing: Timing, chat, ids: list[str], ref: SessionRef | None,
+                      bypass: str | None, *, rewritten: bool = False) -> web.StreamResponse:
+        """From an admitted request on: the view, the ledger sync, the upstream. `rewritten`: the
+        history is no longer the client's input as it came, so it is rendered even when the view
+        leaves it whole."""
         auth = self.auth(request)
         view = View() if bypass else await self.view(chat, ref, auth)
+        if rewritten and view.messages is None:
+            view.messages = [*chat.instructions, *chat.history]
         await self.sync(request, chat, ids, ref)
         return await self.serve(request, self.turn(request, chat, ref, timing, view, auth, bypass))
 
@@ -219,10 +179,10 @@ class WirePipeline:
         """The recall loop when the view carries recall tools, else the plain relay; observed
         and logged whatever happens."""
         try:
-            if self.recalls(turn):
+            if self.peer.recalls(turn):
                 if await self.loop.recall_ahead(turn):
                     view_headers(turn)  # the view grew by a proactive recall block: its figures moved
-                response = await self.loop.respond(request, turn, self)  # this pipeline is the loop's RecallAdapter
+                response = await self.loop.respond(request, turn, self)
             else:
                 response = await self.relay(request, turn)
             if turn.failure is None:
@@ -241,15 +201,12 @@ class WirePipeline:
 
     # -- the plain relay -----------------------------------------------------------------------
 
-    def body(self, turn: Turn) -> bytes:
-        return turn.chat.raw if turn.view.messages is None else self.render(turn)
-
     async def relay(self, request: web.Request, turn: Turn) -> web.StreamResponse:
         t0 = time.perf_counter()
         response: web.StreamResponse | None = None
         transport = self.transport(turn.chat.model)
         try:
-            async with transport.post(self.upstream_path(request), request.headers, self.body(turn), drop=self._drop,
+            async with transport.post(self.peer.upstream_path(request), request.headers, self.peer.body(turn), drop=self.drop,
                                       tenant_key=request.get(UPSTREAM_KEY, "")) as up:
                 turn.timing.waiting(t0)
                 reader = transport.reader(up)
@@ -266,17 +223,14 @@ class WirePipeline:
                         self.recorder.bill(turn)
                         if turn.billed is not None:  # known before the body goes out: JSON answers only
                             headers["x-palimpsest-cached-tokens"] = str(turn.billed.cached)
-                    response = web.Response(status=up.status, reason=up.reason, body=payload, headers=headers)
-                    await self.record(turn, request.get(TENANT))  # durable before the client has it
-                    await response.prepare(request)
-                    await response.write_eof()
-                    return response
+                    return await self.answer(request, turn, web.Response(status=up.status, reason=up.reason, body=payload,
+                                                                         headers=headers))
                 response = web.StreamResponse(status=200, reason=up.reason, headers=headers)
                 await response.prepare(request)
                 watch = await self._pump(reader, response, turn)
                 if watch.final is None:
                     raise UpstreamIncomplete("The upstream's stream ended before the answer was complete.")
-                self.learn(turn, watch.final)
+                self.peer.learn(turn, watch.final)
                 await self.record(turn, request.get(TENANT))  # durable before the stream ends
                 await response.write_eof()
         except GatewayError as exc:
@@ -289,12 +243,12 @@ class WirePipeline:
         if response is None or not response.prepared:
             raise error
         self.recorder.failed_in_stream(turn, error)
-        await self.end_stream(response, error)
+        await end_stream(response, self.peer.error_event(error))
         return response
 
     async def _pump(self, reader, response: web.StreamResponse, turn: Turn) -> StreamWatch:
         """Relay the upstream's bytes as they come; the answer read on the side."""
-        watch = self.watch()
+        watch = self.peer.watch()
         async for chunk, events in upstream_events(reader, turn.timing):
             await response.write(chunk)
             for event in events:
@@ -310,7 +264,7 @@ class WirePipeline:
         except orjson.JSONDecodeError:
             return
         if isinstance(data, dict):
-            self.learn(turn, data)
+            self.peer.learn(turn, data)
 
 
 async def sync_history(ledger, metrics, quota: StorageQuota | None, ref, chat, ids: list[str]) -> None:

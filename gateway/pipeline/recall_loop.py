@@ -7,9 +7,10 @@ tools. The client sees one answer: in streams what the client may see passes thr
 comes, recall calls never do, and the stream keeps the first call's id with usage summed over
 every upstream call of the turn. When one answer mixes client and recall calls, the client's win.
 
-One loop serves every format: the format's pipeline is its ``RecallAdapter``
-(``gateway/pipeline/adapter.py``), which writes the bodies, reads each answer into a ``Reply``
-and merges the turn's answers into the client's, in JSON and in streams.
+One loop serves every format: the turn's format peer (``gateway/pipeline/adapter.py``) writes
+the bodies, reads each answer into a ``Reply`` and merges the turn's answers into the client's,
+in JSON and in streams; the pipeline that serves the turn (its ``RecallAdapter``) names the
+transport, records the answer and ends a failed stream.
 
 An upstream that refuses tools (an error naming them, on the turn's first call, for a client
 that sent none) gets the same view again without recall tools, and that model is not offered
@@ -33,7 +34,6 @@ from gateway.http.errors import GatewayError, UpstreamIncomplete, UpstreamUnreac
 from gateway.http.upstream import response_headers
 from gateway.keys import TENANT, UPSTREAM_KEY
 from gateway.pipeline.adapter import RecallAdapter, Reply
-from gateway.pipeline.bypass import BYPASS_HEADER
 from gateway.pipeline.relay import DONE, upstream_events
 from gateway.pipeline.turn import Turn, TurnRecorder, clean_usage
 from gateway.pipeline.views import ViewBuilder
@@ -45,14 +45,12 @@ log = logging.getLogger("palimpsest.recall")
 
 
 class RecallLoop:
-    def __init__(self, *, session_header: str, views: ViewBuilder, tools, recorder: TurnRecorder,
-                 max_rounds: int, metrics) -> None:
+    def __init__(self, *, views: ViewBuilder, tools, recorder: TurnRecorder, max_rounds: int, metrics) -> None:
         self.views = views
         self.tools = tools
         self.recorder = recorder
         self.max_rounds = max_rounds
         self.metrics = metrics
-        self._drop = frozenset({session_header.lower(), BYPASS_HEADER})  # the gateway's own headers stay here
         self.tool_less: set[str] = set()  # models whose upstream refused the recall tools (this process)
 
     async def recall_ahead(self, turn: Turn) -> bool:
@@ -74,7 +72,7 @@ class RecallLoop:
 
     def _open(self, request: web.Request, turn: Turn, adapter: RecallAdapter, body: bytes):
         transport = adapter.transport(turn.chat.model)
-        return transport.post(adapter.upstream_path(request), request.headers, body, drop=self._drop,
+        return transport.post(turn.peer.upstream_path(request), request.headers, body, drop=adapter.drop,
                               tenant_key=request.get(UPSTREAM_KEY, ""))
 
     async def _call_json(self, request: web.Request, turn: Turn, adapter: RecallAdapter, messages: list[dict],
@@ -82,7 +80,7 @@ class RecallLoop:
         """One non-streaming round: (status, reason, payload, headers), or None when the
         upstream refused the recall tools (marked on the turn: the caller asks again)."""
         t0 = time.perf_counter()
-        async with self._open(request, turn, adapter, adapter.recall_body(turn, messages, with_recall, False)) as up:
+        async with self._open(request, turn, adapter, turn.peer.recall_body(turn, messages, with_recall, False)) as up:
             payload = await adapter.transport(turn.chat.model).reader(up).read()
             turn.timing.waiting(t0)
             headers = response_headers(up.headers, decoded=True)
@@ -174,7 +172,7 @@ class RecallLoop:
 
     async def _json(self, request: web.Request, turn: Turn, adapter: RecallAdapter) -> web.StreamResponse:
         messages = list(turn.view.messages)
-        merged = adapter.json_turn(turn)
+        merged = turn.peer.json_turn(turn)
         while True:
             with_recall = self._with_recall(turn)
             call = await self._call_json(request, turn, adapter, messages, with_recall)
@@ -203,24 +201,20 @@ class RecallLoop:
         headers["x-palimpsest-recall-calls"] = str(turn.recall_calls)
         if turn.billed is not None and turn.usage is not None:
             headers["x-palimpsest-cached-tokens"] = str(turn.billed.cached)
-        response = web.Response(status=status, reason=reason, body=payload, headers=headers)
-        if record:
-            await adapter.record(turn, request.get(TENANT))  # durable before the client has it
-        await response.prepare(request)
-        await response.write_eof()
-        return response
+        return await adapter.answer(request, turn, web.Response(status=status, reason=reason, body=payload, headers=headers),
+                                    record=record)
 
     # -- streaming ---------------------------------------------------------------------------
 
     async def _stream(self, request: web.Request, turn: Turn, adapter: RecallAdapter) -> web.StreamResponse:
         messages = list(turn.view.messages)
-        relay = adapter.recall_stream(turn)
+        relay = turn.peer.recall_stream(turn)
         response: web.StreamResponse | None = None
         try:
             while True:
                 with_recall = self._with_recall(turn)
                 t0 = time.perf_counter()
-                async with self._open(request, turn, adapter, adapter.recall_body(turn, messages, with_recall, True)) as up:
+                async with self._open(request, turn, adapter, turn.peer.recall_body(turn, messages, with_recall, True)) as up:
                     turn.timing.waiting(t0)
                     reader = adapter.transport(turn.chat.model).reader(up)
                     if up.status != 200 or "text/event-stream" not in up.headers.get("Content-Type", ""):

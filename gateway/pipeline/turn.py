@@ -12,9 +12,8 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any
 
-from gateway.pipeline.fork import Forker
 from gateway.pipeline.request import ChatRequest
 from gateway.pipeline.request_form import stored as stored_form
 from gateway.pipeline.views import View
@@ -112,17 +111,16 @@ class Turn:
     failure: GatewayError | None = None  # a failure told inside an already-started stream
     route: str = ROUTE  # the API the client spoke: chat, responses, messages
     upstream: str = "default"  # the name of the upstream that served it (gateway/http/routing.py)
-    fork: Forker | None = None  # the format's cache fork of this view, for a summary call (pipeline/fork.py)
     receipt: str | None = None  # the receipt id the client was told (x-palimpsest-receipt)
     bypass: str | None = None  # why the request went untouched: "header" or "tenant" (None: it did not)
     direct: CacheUsage | None = None  # the request sent direct, as the provider would have billed it
     first_prompt_tokens: int | None = None  # the prompt tokens the first upstream call reported
-    # The format's count of its first upstream body as re-read by its adapter (None: the same as the
-    # neutral view's); set by a format whose wire form merges items (Messages' system blocks).
-    wire_count: Callable[["Turn"], int | None] | None = None
-    # The format's skeleton of the client's request beside its history (gateway/pipeline/request_form.py),
-    # kept in the turn log so `palimpsest replay` can rebuild the request from the store.
-    request_form: Callable[[ChatRequest], dict] | None = None
+    # The format's peer (pipeline/adapter.FormatPeer): its cache fork of this view for a summary call
+    # (pipeline/fork.py), its count of the first upstream body, its request form for `palimpsest replay`.
+    peer: Any = None
+    via_chat: bool = False  # the view went to a chat-only upstream as Chat Completions
+    fork_headers: dict[str, str] | None = None  # the request's headers its format's fork repeats
+    query: str = ""  # the request's query string (with fork_headers)
 
 
 class TurnRecorder:
@@ -163,10 +161,10 @@ class TurnRecorder:
     def request_form(self, turn: Turn) -> str | None:
         """The turn's request form for the turn log, its parts kept for the session; None when
         the format keeps none or it failed (a replay then rebuilds the request approximately)."""
-        if turn.request_form is None or turn.ref is None:
+        if turn.peer is None or turn.ref is None:
             return None
         try:
-            document, parts = stored_form(turn.request_form(turn.chat))
+            document, parts = stored_form(turn.peer.request_form(turn.chat))
             self.turns.add_parts(turn.ref.key, parts)
         except Exception as exc:
             log.warning("keeping a request form failed", extra={"fields": {"session": turn.ref.key, "error": type(exc).__name__}})

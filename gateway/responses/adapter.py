@@ -30,7 +30,7 @@ from gateway.pipeline.history_ids import INPUTS
 from gateway.pipeline.request import TOO_DEEP, ChatRequest, json_object
 from gateway.responses.cache_breakpoints import place_breakpoints
 from gateway.responses import shape
-from policies.conversation import opaque_identity, wire_items, with_wire
+from policies.conversation import assistant_message, opaque_identity, wire_items, with_wire
 
 FORMAT = "responses"
 INSTRUCTION_ROLES = frozenset({"system", "developer"})
@@ -185,12 +185,7 @@ def assistant_item(items: list[dict]) -> dict:
                 opaque.append({"type": kind})  # the call's kind is part of what it is
         else:
             opaque.append(opaque_identity(item))
-    out: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
-    if calls:
-        out["tool_calls"] = calls
-    if opaque:
-        out["opaque"] = opaque
-    return with_wire(out, FORMAT, items)
+    return with_wire(assistant_message(texts, calls, opaque), FORMAT, items)
 
 
 def tool_item(item: dict) -> dict:

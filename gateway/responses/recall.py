@@ -10,24 +10,13 @@ response that mixes client calls with recall calls goes to the client without th
 
 from __future__ import annotations
 
-import orjson
-
-from gateway.pipeline.adapter import RecallFormat, Reply
+from gateway.pipeline.adapter import Reply
 from gateway.pipeline.stream_filter import StreamFilter
 from gateway.pipeline.turn import Turn
 from gateway.responses import adapter as fmt
 from gateway.responses.stream import (ResponsesEvents, add_usage, answer_of, as_sent, chat_usage, is_recall_item,
                                       visible_output)
 from policies.messages import tool_calls
-
-
-def recall_body(turn: Turn, messages: list[dict], with_recall: bool, stream: bool) -> bytes:
-    tools = turn.view.tools if with_recall else turn.chat.body.get("tools")
-    body = fmt.render_body(turn.chat, messages, tools)
-    if not with_recall and not turn.chat.body.get("tools"):
-        for key in ("tools", "tool_choice", "parallel_tool_calls"):
-            body.pop(key, None)
-    return orjson.dumps(body)
 
 
 def _reply(output: list, names: tuple[str, str], usage, complete: bool) -> Reply:
@@ -120,6 +109,3 @@ class ResponsesRecallStream:
 
     def usage(self) -> dict | None:
         return chat_usage(self.filter.usage)
-
-
-RECALL = RecallFormat(recall_body, ResponsesJsonTurn, ResponsesRecallStream)

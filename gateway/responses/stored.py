@@ -23,11 +23,11 @@ from store import call as store_call
 
 
 async def stored_response(request: web.Request) -> web.StreamResponse:
-    pipeline = request.app[RESPONSES]
+    routes = request.app[RESPONSES]  # gateway/responses/routes.py
     response_id = request.match_info["response_id"]
-    found = await pipeline.owned(request, response_id)
+    found = await routes.owned(request, response_id)
     if found is None:
-        if await store_call(pipeline.response_ids.taken, response_id):  # another tenant's: never upstream,
+        if await store_call(routes.response_ids.taken, response_id):  # another tenant's: never upstream,
             # and answered as an unknown id would be here (no hint that it exists)
             raise refused(request) or NotFound(f"No response found with id '{response_id}'.", param="response_id")
         return await passthrough(request)
@@ -36,7 +36,7 @@ async def stored_response(request: web.Request) -> web.StreamResponse:
         return await passthrough(request)
     ledger = request.app[LEDGER]
     if request.method == "DELETE":
-        await store_call(pipeline.response_ids.forget, tenant_of(request), response_id)
+        await store_call(routes.response_ids.forget, tenant_of(request), response_id)
         return web.json_response({"id": response_id, "object": "response", "deleted": True})
     events = await store_call(ledger.path_to, found.session_key, found.event_id)
     if not events:

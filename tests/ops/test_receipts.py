@@ -19,10 +19,10 @@ import aiohttp
 import orjson
 import pytest
 
-from gateway.chat.adapter import parse_and_hash as parse_chat
+from gateway.chat.peer import ChatPeer
 from gateway.keys import LEDGER, METRICS, TURNS
-from gateway.messages.pipeline import parse_and_hash as parse_messages
-from gateway.responses.pipeline import parse_and_hash as parse_responses
+from gateway.messages.peer import MessagesPeer
+from gateway.responses.peer import ResponsesPeer
 from policies import TokenCounter
 from tests.support.agent import settle
 
@@ -32,7 +32,7 @@ KEYS = {"alice": "pk-alice", "bob": "pk-bob"}
 # so a dozen 1,500-token tool results make placeholders, summaries and recall tools.
 POLICY = {"profile": "economy", "cost_model": False}
 PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
-PARSERS = {"chat": parse_chat, "responses": parse_responses, "messages": parse_messages}
+PEERS = {"chat": ChatPeer, "responses": ResponsesPeer, "messages": MessagesPeer}
 BASH_PARAMS = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}
 
 
@@ -104,7 +104,7 @@ def client_calls(upstream, fmt: str) -> list[dict]:
 
 def counted(fmt: str, raw: bytes, counter: TokenCounter) -> int:
     """The gateway counter's count of a body as the upstream received it."""
-    chat, _ = PARSERS[fmt](raw)
+    chat = PEERS[fmt].parse(raw)
     tools = chat.body.get("tools")
     return counter.count_messages([*chat.instructions, *chat.history]) + counter.count_tools(tools)
 

@@ -9,6 +9,6 @@ from gateway.pipeline.recall_loop import RecallLoop
 
 async def test_the_three_pipelines_share_one_recall_loop(start_gateway):
     gw = await start_gateway()
-    loops = {id(gw.app[key].loop) for key in (PIPELINE, RESPONSES, MESSAGES)}
+    loops = {id(pipeline.loop) for pipeline in (gw.app[PIPELINE], gw.app[RESPONSES].pipeline, gw.app[MESSAGES])}
     assert len(loops) == 1 and isinstance(gw.app[PIPELINE].loop, RecallLoop)
     assert type(gw.app[PIPELINE].loop) is RecallLoop  # no format subclasses it

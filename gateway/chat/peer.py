@@ -1,33 +1,19 @@
-"""POST /v1/chat/completions: the per-request pipeline (docs/architecture.md, "A request's path").
+"""Chat Completions' peer on the one request path (``gateway/pipeline/pipeline.py``).
 
-1. parse and validate; identify tenant and session,
-2. build the view the upstream receives (projection, compaction, recall tools, tailoring): a
-   request refused here (400 context_length_exceeded, a storage quota) leaves nothing stored,
-3. sync the messages into the ledger (durable before the upstream call; a big sync in a worker
-   thread, so the event loop keeps serving),
-6. forward; resolve recall calls (``RecallLoop``); stream the answer to the client as it comes,
-7. record the answer, update metrics, let the summariser know (``TurnRecorder``).
-
-When the view equals what the client sent, the client's body bytes are forwarded unchanged.
-Big bodies are parsed, hashed and projected off the event loop (``gateway.pipeline.offload``).
-A failure after the client's stream started ends that stream with an error event; the answer
-is then incomplete and is not recorded. The steps are the shared ``WirePipeline``'s
-(``gateway/pipeline/pipeline.py``); this is Chat Completions' adapter to it: parsing, the body
-(without recall tools for ``n`` > 1), reading an answer, the stream watch and the error event.
+What is chat's own: parsing (``chat/adapter.py``), the body (without recall tools for ``n`` > 1:
+the recall loop answers requests for one choice), reading a complete answer, the relayed
+stream's watch and its error event, the cache fork of a view (``chat/fork.py``) and the request
+form kept for replay; its answers for the recall loop are ``chat/recall.py``'s.
 """
 
 from __future__ import annotations
 
-from aiohttp import web
-
 from gateway.chat.request_form import skeleton
-from gateway.chat.adapter import parse_and_hash
+from gateway.chat.adapter import parse_chat_request
 from gateway.chat.fork import summary_fork
-from gateway.chat.recall import RECALL, body_without_recall
-from gateway.http.errors import GatewayError
-from gateway.http.sse import StreamAssembler, end_with_error
-from gateway.keys import PIPELINE
-from gateway.pipeline.pipeline import StreamWatch, WirePipeline
+from gateway.chat.recall import ChatJsonTurn, ChatRecallStream, body_without_recall, recall_body
+from gateway.http.sse import StreamAssembler, error_event
+from gateway.pipeline.adapter import FormatPeer, StreamWatch
 from gateway.pipeline.turn import Turn, clean_usage
 
 
@@ -61,14 +47,12 @@ class ChatWatch(StreamWatch):
                 "usage": assembler.usage}
 
 
-class ChatPipeline(WirePipeline):
+class ChatPeer(FormatPeer):
     route = "chat"
     path = "/v1/chat/completions"
-    recall_format = RECALL
+    parse = staticmethod(parse_chat_request)
     request_form = staticmethod(skeleton)  # kept in the turn log for `palimpsest replay`
-
-    def parse_and_hash(self, raw: bytes):
-        return parse_and_hash(raw)
+    fork = staticmethod(summary_fork)  # gateway/chat/fork.py
 
     def recalls(self, turn: Turn) -> bool:
         # n > 1: the recall loop would have to resolve each choice's calls apart; the view
@@ -90,20 +74,13 @@ class ChatPipeline(WirePipeline):
         if isinstance(choice, dict) and choice.get("finish_reason") and isinstance(choice.get("message"), dict):
             turn.answer = choice["message"]
 
-    def watch(self) -> StreamWatch:
-        return ChatWatch()
-
-    def forker(self, request: web.Request):
-        return summary_fork  # gateway/chat/fork.py
-
-    async def end_stream(self, response: web.StreamResponse, error: GatewayError) -> None:
-        await end_with_error(response, error)
+    watch = ChatWatch  # a new watch for each relayed stream
+    recall_body = staticmethod(recall_body)
+    json_turn, recall_stream = ChatJsonTurn, ChatRecallStream  # for the recall loop (recall.py)
+    error_event = staticmethod(error_event)
 
 
 def _many_choices(body: dict) -> bool:
     n = body.get("n")
     return isinstance(n, int) and not isinstance(n, bool) and n > 1
 
-
-async def handle_chat(request: web.Request) -> web.StreamResponse:
-    return await request.app[PIPELINE].handle(request)
