@@ -176,7 +176,7 @@ class RecentBodies:
     (gateway/pipeline/offload.py); the second is worth one. Only where the parse runs depends
     on it, never what the parse gives. Within a byte budget, least recently used tenant out first."""
 
-    def __init__(self, *, per_scope: int = 4, budget_bytes: int = MEMO_BUDGET_BYTES // 2) -> None:
+    def __init__(self, *, per_scope: int = 8, budget_bytes: int = MEMO_BUDGET_BYTES // 2) -> None:
         self.per_scope = per_scope
         self.budget_bytes = budget_bytes
         self._lock = threading.Lock()
