@@ -9,6 +9,7 @@ that the shell creates and passes in; there is no module-level state.
 from __future__ import annotations
 
 import math
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -28,6 +29,11 @@ TOOL_CALL_OVERHEAD = 3
 IMAGE_TOKENS = 85
 # Text fields of opaque items (policies/conversation.py) the provider reads as prompt: thinking, compaction.
 OPAQUE_TEXT_FIELDS = ("thinking", "content")
+# Path sums (``count_path``): how many are kept, every how many messages of a path one is kept,
+# and how far back from a path's end the end of an earlier path is looked for.
+PATH_SUMS_KEPT = 65_536
+PATH_STRIDE = 32
+PATH_LOOK_BACK = 64
 
 
 class TokenCounter:
@@ -42,6 +48,9 @@ class TokenCounter:
         # Head/tail slices are strings of up to a few thousand tokens, so they get a smaller bound.
         self._slices: OrderedDict[tuple, tuple[str, str, int] | None] = OrderedDict()
         self._slice_cache_size = max(1, slice_cache_size)
+        # count_path: tokens of a path's messages up to an id (store/canonical.py path_ids).
+        self._paths: OrderedDict[str, int] = OrderedDict()
+        self._paths_lock = threading.Lock()  # views are built in worker threads too (gateway/pipeline/offload.py)
 
     # -- raw text -------------------------------------------------------------------------
 
@@ -155,6 +164,51 @@ class TokenCounter:
         if keys is None:
             return sum(self.count_message(m) for m in msgs) + REPLY_PRIMING
         return sum(self.count_message(m, k) for m, k in zip(msgs, keys, strict=True)) + REPLY_PRIMING
+
+    def count_path(self, msgs: list[dict], ids: list[str]) -> int:
+        """``sum(count_message(m, k) for m, k in zip(msgs, ids))`` for a path whose ids are
+        content addresses of the whole path up to each message (``store.canonical.path_ids``:
+        each id hashes its parent's id and its message), without the reply priming.
+
+        The sum up to an id is remembered for the path's end and every ``PATH_STRIDE``-th
+        message, so a request that resends a counted path (an agent's next step, or another
+        branch off the same history) counts only the messages after the longest remembered
+        leading part: O(new messages) rather than one cache lookup per message of the
+        history. An id names its whole path, so an earlier message edited gives every later
+        message a new id, and the path is counted afresh from the edit."""
+        n = len(ids)
+        if len(msgs) != n:
+            raise ValueError("count_path: one id per message")
+        start, total = self.path_start(ids)
+        paths = self._paths
+        kept: list[tuple[str, int]] = []
+        for i in range(start, n):
+            total += self.count_message(msgs[i], ids[i])
+            if (i + 1) % PATH_STRIDE == 0 or i + 1 == n:
+                kept.append((ids[i], total))
+        if kept:
+            with self._paths_lock:
+                for key, value in kept:
+                    paths[key] = value
+                    paths.move_to_end(key)
+                while len(paths) > PATH_SUMS_KEPT:
+                    paths.popitem(last=False)
+        return total
+
+    def path_start(self, ids: list[str]) -> tuple[int, int]:
+        """(how many leading messages of the path ``count_path`` would not count again, their
+        tokens): the longest leading part whose sum is remembered; (0, 0) when none is."""
+        n = len(ids)
+        with self._paths_lock:
+            paths = self._paths
+            ends = range(n, max(0, n - PATH_LOOK_BACK), -1)  # an earlier path's end, near this one's
+            strides = range((n // PATH_STRIDE) * PATH_STRIDE, 0, -PATH_STRIDE)  # else a kept stride
+            for end in (*ends, *strides):
+                found = paths.get(ids[end - 1])
+                if found is not None:
+                    paths.move_to_end(ids[end - 1])
+                    return end, found
+        return 0, 0
 
     def count_tools(self, tools: list | None) -> int:
         """Tokens of the tool schemas, approximated by their JSON; cached by the JSON's hash."""

@@ -17,10 +17,7 @@ from __future__ import annotations
 
 import json
 import secrets
-import threading
 import time
-import weakref
-from collections import OrderedDict
 from typing import Any
 
 import orjson
@@ -77,34 +74,11 @@ def prompt_items(turn: Any, counter, views) -> tuple[list[dict], int]:
     return items, total
 
 
-# Tokens of a whole ledger path, by the counter and the path's last event id (a content address
-# of the whole path), so the next request of the session counts only what it added.
-_PATH_TOKENS: "weakref.WeakKeyDictionary[Any, OrderedDict[str, int]]" = weakref.WeakKeyDictionary()
-_PATH_TOKENS_LOCK = threading.Lock()
-PATH_TOKENS_KEPT = 4096  # paths remembered per counter
-LOOK_BACK = 64  # how far back a path's end is looked for (an agent's step adds a few messages)
-
-
 def path_tokens(counter, history: list[dict], ids: list[str]) -> int:
-    """``counter.count_messages(history, ids)`` without the reply priming, starting from the
-    longest remembered leading part of the path (the previous request's whole path)."""
-    with _PATH_TOKENS_LOCK:
-        known = _PATH_TOKENS.get(counter)
-        if known is None:
-            known = _PATH_TOKENS[counter] = OrderedDict()
-    start, total = 0, 0
-    for end in range(len(ids), max(0, len(ids) - LOOK_BACK), -1):
-        found = known.get(ids[end - 1])
-        if found is not None:
-            start, total = end, found
-            break
-    total += sum(counter.count_message(m, k) for m, k in zip(history[start:], ids[start:], strict=True))
-    with _PATH_TOKENS_LOCK:
-        known[ids[-1]] = total
-        known.move_to_end(ids[-1])
-        while len(known) > PATH_TOKENS_KEPT:
-            known.popitem(last=False)
-    return total
+    """``counter.count_messages(history, ids)`` without the reply priming, from the longest
+    leading part of the path the counter has summed before (``TokenCounter.count_path``: the
+    view builder summed this very path for the request)."""
+    return counter.count_path(history, ids)
 
 
 def _view_items(turn: Any, counter) -> list[dict]:

@@ -3,13 +3,20 @@ gateway (and its /healthz) for everyone else.
 
 Below ``BIG_BODY_BYTES`` everything stays inline: a thread hop costs more than parsing,
 hashing and counting a normal request (the pass-through overhead is measured in
-milliseconds). Above it, three steps move to a worker thread:
+milliseconds). Above it, three steps move to a worker thread, each unless it is cheap this time:
 
-- ``parse_and_hash``: a format's JSON parsing and the content addresses of the history (``path_ids``);
-- ``build_view``: the whole view build (token counting, projection, compaction, tailoring). It
-  runs on a private event loop in the worker thread; the builder's collaborators that have
+- ``parse_and_hash``: a format's JSON parsing and the content addresses of the history
+  (``path_ids``), unless the body resends one of the tenant's recent bodies but for its tail
+  (``history_ids.BODIES``): that parse comes from the memos and runs inline;
+- ``build_view``: the whole view build (token counting, projection, compaction, tailoring). When
+  the history's token count is remembered but for a few messages (``TokenCounter.count_path``),
+  its first half (``ViewBuilder.begin``) runs inline and a view forwarded untouched is done
+  there; what is left (planning a changed view) goes to the worker. It runs on a private event
+  loop in the worker thread; the builder's collaborators that have
   coroutine methods (window discovery, sync summaries, ...) are bounced back to the gateway's
-  loop, which owns their connections, locks and tasks (``OnLoop``).
+  loop, which owns their connections, locks and tasks (``OnLoop``);
+- the ledger sync (``gateway/pipeline/pipeline.py``, ``sync_history``), unless the embedded
+  ledger already holds all but the last few messages (``light_sync``).
 
 The token counter is shared with the gateway's loop, so what the worker counts (the big
 message) is cached for the summariser and the next turn.
@@ -21,17 +28,24 @@ exact-value extraction over a 10,000-message delta takes ~1-2 s) runs in a worke
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 from collections.abc import Mapping
 from typing import Any, Callable, TypeVar
 
-from gateway.pipeline.history_ids import history_ids
+from gateway.pipeline.history_ids import BODIES, history_ids
 from gateway.pipeline.request import ChatRequest
 from gateway.pipeline.views import View, ViewBuilder
+from store.interfaces import StoreBusy
 from store.records import SessionRef
 
 T = TypeVar("T")
 BIG_BODY_BYTES = 128 * 1024
+# A big body that differs from a recent one of its tenant only in this many trailing bytes is
+# parsed inline (the parse of the rest comes from the memos, gateway/pipeline/history_ids.py).
+RESENT_TAIL_BYTES = 64 * 1024
+# A big request whose sync writes at most this many messages syncs inline (``light_sync``).
+SYNC_INLINE_NEW = 16
 # A message list this long, or with this much text, is worth a thread hop (~0.1 ms).
 MANY_MESSAGES = 256
 
@@ -74,7 +88,34 @@ async def parse_and_hash(raw: bytes, peer) -> tuple[ChatRequest, list[str]]:
     """``parsed_and_hashed``, in a worker thread when the body is big."""
     if not is_big(raw):
         return parsed_and_hashed(raw, peer)
+    # A body that resends one of its tenant's recent bodies but for its tail (an agent's next
+    # step) is parsed from the memos in a millisecond or two: inline, as a thread would hold the
+    # GIL for as long (it lets the loop in only every switch interval, 5 ms) and add two wake-ups.
+    resent = BODIES.resends(raw, RESENT_TAIL_BYTES)
+    BODIES.remember(raw)
+    if resent:
+        return parsed_and_hashed(raw, peer)
     return await asyncio.to_thread(parsed_and_hashed, raw, peer)
+
+
+def light_sync(ledger, ref: SessionRef, chat: ChatRequest, ids: list[str]) -> bool:
+    """Whether syncing a big request into an embedded ledger writes only its last few messages
+    (at most ``SYNC_INLINE_NEW``, and not heavy): the ledger already holds the message before
+    them, hence, ids being a chain, all of its path. A few indexed reads (the last message new,
+    else the last 2, 4, ...); then the sync is worth no thread hop. False for a ledger behind
+    the network (its calls go to a thread anyway)."""
+    if getattr(ledger, "blocking", False):
+        return False
+    new = 1
+    while new <= SYNC_INLINE_NEW and new < len(ids):  # the last message new, or the last 2, 4, ...
+        at = len(ids) - 1 - new
+        try:
+            if ledger.get(ref.key, ids[at]) is not None:
+                return not is_heavy(chat.history[at + 1:])
+        except StoreBusy:  # another process writes: the sync waits for it off the loop
+            return False
+        new *= 2
+    return False
 
 
 class OnLoop:
@@ -100,11 +141,28 @@ async def build_view(views: ViewBuilder, chat: ChatRequest, ref: SessionRef, aut
     """`views.build(...)`, on a worker thread when the request is big."""
     if not is_big(chat.raw):
         return await views.build(chat, ref, auth)
+    start, _ = views.counter.path_start(chat.ids)
+    if is_heavy([*chat.instructions, *chat.history[start:]]):  # much to count: all of it off the loop
+        finish = None
+    else:
+        # The history was counted before (an agent resending it): its estimate is a few look-ups
+        # and a count of what it added, so the view is decided here, and a view forwarded
+        # untouched (the usual case) costs no thread hop; planning a changed one still does.
+        begun = await views.begin(chat, ref, auth)
+        if isinstance(begun, View):
+            return begun
+        finish = begun
     loop = asyncio.get_running_loop()
     worker = views.copy_with(**{name: OnLoop(part, loop) for name, part in vars(views).items() if _has_coroutines(part)})
-    return await asyncio.to_thread(asyncio.run, worker.build(chat, ref, auth))
+    work = worker.build(chat, ref, auth) if finish is None else worker.finish(chat, ref, auth, finish)
+    return await asyncio.to_thread(asyncio.run, work)
 
 
 def _has_coroutines(obj) -> bool:
-    kind = type(obj)
+    return _type_has_coroutines(type(obj))
+
+
+@functools.lru_cache(maxsize=256)
+def _type_has_coroutines(kind: type) -> bool:
+    """Whether a class has coroutine methods: a walk of its ``dir`` (~0.1 ms), once per class."""
     return any(inspect.iscoroutinefunction(getattr(kind, name, None)) for name in dir(kind) if not name.startswith("__"))

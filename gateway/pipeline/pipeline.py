@@ -270,7 +270,7 @@ class Pipeline:
 async def sync_history(ledger, metrics, quota: StorageQuota | None, ref, chat, ids: list[str]) -> None:
     """The request's messages into the ledger; a big request's in a worker thread (the
     embedded ledger then answers the event loop's own writes from threads too)."""
-    if offload.is_big(chat.raw) or len(ids) >= BIG_SYNC_MESSAGES:
+    if (offload.is_big(chat.raw) or len(ids) >= BIG_SYNC_MESSAGES) and not offload.light_sync(ledger, ref, chat, ids):
         synced = await asyncio.to_thread(ledger.sync, ref, chat.history, ids, chat.model)
     else:
         synced = await store_call(ledger.sync, ref, chat.history, ids, chat.model)  # off the loop on PostgreSQL

@@ -20,6 +20,7 @@ import copy
 import logging
 import time
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from gateway.pipeline.request import ChatRequest
 from gateway.pipeline.formats import recall_tools_for
@@ -39,6 +40,15 @@ from store import call as store_call
 
 log = logging.getLogger("palimpsest.views")
 POLICY_MEMO = 1024
+
+
+class Begun(NamedTuple):
+    """What ``ViewBuilder.begin`` gathered for ``finish``."""
+
+    req: ViewRequest
+    view: View
+    checkpoints: list[Checkpoint]
+    positions: dict[str, int]
 
 
 class ViewBuilder:
@@ -88,24 +98,42 @@ class ViewBuilder:
     # -- gather -> plan -> effects --------------------------------------------------------------
 
     async def build(self, chat: ChatRequest, ref: SessionRef, auth: Mapping[str, str] | None = None):
+        begun = await self.begin(chat, ref, auth)
+        return begun if isinstance(begun, View) else await self.finish(chat, ref, auth, begun)
+
+    async def begin(self, chat: ChatRequest, ref: SessionRef, auth: Mapping[str, str] | None = None) -> "View | Begun":
+        """The first, cheap half of ``build`` (policy, window, the request's token estimate, the
+        checkpoints): the view when that decides it (a short session, or a holdout session that
+        fits, goes upstream untouched), else what ``finish`` goes on from. Split so that a big
+        request whose history is already counted is decided on the event loop, without a thread
+        hop (gateway/pipeline/offload.py)."""
         policy = self.policy_for(chat.model, ref)
         window = await self.windows.window(chat.model, auth)
         budget = max(1, window - chat.max_output_tokens - policy.reserve_tokens)
         req = ViewRequest(chat.instructions, chat.history, chat.ids, chat.body.get("tools"), chat.body.get("functions"),
                           policy, budget, self.calibration.factor(chat.model), self.counter)
-        keys = [None] * len(chat.instructions) + list(chat.ids)
-        raw_estimate = self.counter.count_messages(chat.instructions + chat.history, keys) + req.tool_tokens(req.tools)
+        # The history's sum comes from the counter's path sums (policies/tokens.py count_path):
+        # an agent resending its history costs a count of what it added, not a lookup per message.
+        raw_estimate = (self.counter.count_messages(chat.instructions) + self.counter.count_path(chat.history, chat.ids)
+                        + req.tool_tokens(req.tools))
         client_tokens = self.calibration.scale(chat.model, raw_estimate)
         positions = {eid: i for i, eid in enumerate(chat.ids)}
         checkpoints = await store_call(self.checkpoints.list, ref.key)
         view = View(client_tokens=client_tokens, upstream_tokens=client_tokens, budget=budget, policy=policy,
                     window=window, raw_estimate=raw_estimate, arm=holdout_arm(ref.key, policy.holdout_share))
         if view.arm == HOLDOUT:
-            return self._direct(chat, req, view)
+            return view if view.client_tokens <= view.budget else Begun(req, view, checkpoints, positions)
         if newest_on_path(checkpoints, positions) is None and \
                 client_tokens <= min(policy.summary_trigger_ratio, policy.compact_trigger_ratio) * budget:
             return view  # short session: untouched, forwarded byte for byte
+        return Begun(req, view, checkpoints, positions)
 
+    async def finish(self, chat: ChatRequest, ref: SessionRef, auth: Mapping[str, str] | None, begun: "Begun") -> View:
+        """The rest of ``build`` after ``begin``: gather, plan, the sync summary wait, fit, effects."""
+        req, view, checkpoints, positions = begun
+        policy, budget, client_tokens = req.policy, req.budget, view.client_tokens
+        if view.arm == HOLDOUT:
+            return self._direct(chat, req, view)
         self._gather(chat, req, checkpoints, positions)
         projection = planner.plan(req)
         sync_wait = False
