@@ -59,10 +59,12 @@ from lancedb.index import FTS
 
 from store.chunking import split_chunks
 from store.embedders import Embedder
+from store.answer_types import expected_type
+from store.kinds import LINE_ROW, index_rows, kind_token
 from store.index_legs import retrieve, scope_filter, sql_string
 from store.ranking import Hit, Ranking, fuse, text_query, vector_query
 
-__all__ = ["Hit", "IndexedEvent", "Ranking", "SearchIndex"]
+__all__ = ["LINE_ROW", "Hit", "IndexedEvent", "Ranking", "SearchIndex"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +83,7 @@ _KEEP_OLD_VERSIONS = timedelta(minutes=1)
 _COLUMNS = ["event_id", "chunk", "seq", "role", "created", "parent", "text"]
 _EMBEDDER_KEY = b"palimpsest.embedder"
 # Bumped when the table's columns or chunking change: a table of another layout is rebuilt.
-_LAYOUT = "layout=2"
+_LAYOUT = "layout=3"  # 3: lines annotated with their values' kinds, notable lines as rows (store/kinds.py)
 
 
 @dataclass(frozen=True)
@@ -172,28 +174,29 @@ class SearchIndex:
             # be indexed yet; only events at or below it need a look-up.
             maybe_known = [event.event_id for event in unique if self._shared or event.seq <= high_water]
             known = await self._existing_ids(session, session_key, maybe_known)
-            rows = [
-                (event, number, text)
+            # Chunks and a tool output's notable lines; the vector leg embeds the text as
+            # written, BM25 also reads each line's kind words (store/kinds.py).
+            rows = await asyncio.to_thread(lambda: [
+                (event, number, text, indexed)
                 for event in unique
                 if event.event_id not in known
-                for number, text in enumerate(
-                    split_chunks(event.text, self._chunk_chars, self._overlap_chars)
-                )
-            ]
+                for number, text, indexed in index_rows(
+                    event.text, event.role, split_chunks(event.text, self._chunk_chars, self._overlap_chars))
+            ])
             self._note_high_water(session_key, max(high_water, max(e.seq for e in events)))
             if not rows:
                 return 0
-            vectors = await self._embedder.embed([text for _, _, text in rows])
+            vectors = await self._embedder.embed([text for _, _, text, _ in rows])
             batch = pa.table(
                 {
                     "session_key": [session_key] * len(rows),
-                    "event_id": [event.event_id for event, _, _ in rows],
-                    "chunk": [number for _, number, _ in rows],
-                    "seq": [event.seq for event, _, _ in rows],
-                    "role": [event.role for event, _, _ in rows],
-                    "created": [event.created for event, _, _ in rows],
-                    "parent": [event.parent for event, _, _ in rows],
-                    "text": [text for _, _, text in rows],
+                    "event_id": [event.event_id for event, *_ in rows],
+                    "chunk": [number for _, number, *_ in rows],
+                    "seq": [event.seq for event, *_ in rows],
+                    "role": [event.role for event, *_ in rows],
+                    "created": [event.created for event, *_ in rows],
+                    "parent": [event.parent for event, *_ in rows],
+                    "text": [indexed for *_, indexed in rows],
                     "vector": pa.FixedSizeListArray.from_arrays(
                         pa.array(vectors.reshape(-1), pa.float32()), self._embedder.dim
                     ),
@@ -291,13 +294,17 @@ class SearchIndex:
         ranking = ranking or self.ranking
         query_vector = (await self._embedder.embed([vector_query(query, ranking)]))[0]
         where = scope_filter(session_key, within)
+        # A question asking for a rare kind of value also retrieves the rows holding one.
+        kind = kind_token(expected_type(query)) if ranking.kind_weight else ""
         depth = max(20, 4 * limit + 2 * len(exclude_event_ids))
         while True:
             text_depth = depth + ranking.text_extra
             text_rows, vector_rows, *expanded = await retrieve(
                 session.table, where, text_query(query, ranking), query_vector, _COLUMNS,
-                depth, text_depth, expansion if ranking.expansion_weight else "",
+                depth, text_depth, expansion if ranking.expansion_weight else "", kind,
             )
+            if expanded and expanded[-1] and expanded[-1][0].get("_kind") and len(expanded[-1]) >= depth:
+                expanded[-1] = []  # the kind is everywhere: holding one tells nothing
             legs = [
                 rows if within is None else [row for row in rows if row["event_id"] in within]
                 for rows in (text_rows, vector_rows, *expanded)

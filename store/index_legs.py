@@ -40,9 +40,12 @@ async def retrieve(
     depth: int,
     text_depth: int,
     expansion: str = "",
+    kind: str = "",
 ) -> tuple[list[dict], ...]:
     """(BM25 rows with `_score`, vector rows with `_distance`), best first, run concurrently;
-    with an `expansion`, a third leg: BM25 rows for its words alone, each marked `_expansion`."""
+    with an `expansion`, a leg more: BM25 rows for its words alone, each marked `_expansion`;
+    with a `kind` (a made-up kind word, store/kinds.py), a leg more: the rows holding a value of
+    that kind, each marked `_kind`."""
 
     def text_leg(words: str, limit: int):
         return (table.query().nearest_to_text(words, columns="text").where(where)
@@ -58,9 +61,15 @@ async def retrieve(
         .limit(depth)
         .to_list(),
     ]
+    marks = []
     if expansion.strip():
         legs.append(text_leg(expansion, depth))
+        marks.append("_expansion")
+    if kind:
+        legs.append(text_leg(kind, depth))
+        marks.append("_kind")
     found = await asyncio.gather(*legs)
-    for row in found[2] if len(found) > 2 else ():
-        row["_expansion"] = True
+    for rows, mark in zip(found[2:], marks):
+        for row in rows:
+            row[mark] = True
     return tuple(found)

@@ -59,7 +59,9 @@ def best_line(texts: Iterable[str], wanted: list[str]) -> tuple[float, str]:
     if not wanted:
         return 0.0, ""
     wanted_all = wanted
-    lines = [line for text in texts for line in text.split("\n")]
+    # Each line once: chunks overlap, and a notable line is also a row of its own (store/kinds.py);
+    # a copy is not a second line holding the term.
+    lines = list(dict.fromkeys(line for text in texts for line in text.split("\n")))
     lowered = [line.lower() for line in lines]
     spread = {term: sum(term in line for line in lowered) for term in wanted}
     if len(lines) >= STRUCTURE_LINES:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from store.answer_types import expected_type, has_candidate
 from store.chunking import snippet
+from store.kinds import strip
 from store.passages import best_line, terms
 
 __all__ = ["REAL_MODEL_RANKING", "Hit", "Ranking", "fuse", "is_echo", "text_query", "vector_query"]
@@ -102,6 +103,11 @@ class Ranking:
     # an id the summary put next to the word "file" scored 1.0 and the event holding the answer
     # to "which file holds the migration?" came second.
     expansion_weight: float = 1.0
+    # A question asking for a rare kind of value (store/kinds.py) retrieves the rows holding one
+    # as a leg of its own, each worth this much (0 = not searched). The leg says only "holds a
+    # value of that kind": each row counts alike, and a leg that filled its depth (the kind is
+    # everywhere) counts for nothing.
+    kind_weight: float = 1.5
 
 
 # A real sentence model's cosines carry meaning (unrelated texts sit near 0-0.2, paraphrases
@@ -158,7 +164,8 @@ def fuse(
     19/36 to 30/36 over reciprocal rank fusion.
 
     Rows carry `seq` (the ledger's order) and, when indexed with it, `parent`: an event's
-    neighbours are its parent and the events whose parent it is.
+    neighbours are its parent and the events whose parent it is. Rows of the kind leg (marked `_kind`)
+    each add `Ranking.kind_weight`.
     """
     legs = [rows for rows in legs if rows]
     kind = expected_type(query) if ranking.answer_type else None
@@ -167,7 +174,9 @@ def fuse(
     chunk_rows: dict[tuple[str, int], dict] = {}
     event_scores: dict[str, float] = {}
     for rows in legs:
-        if "_score" in rows[0]:
+        if rows[0].get("_kind"):
+            scores = [ranking.kind_weight] * len(rows)
+        elif "_score" in rows[0]:
             # An echo matches the query's words best of all: the scale is the best other row's.
             fair = [row["_score"] for row in rows if row["event_id"] not in echoed] or [row["_score"] for row in rows]
             top = max(max(fair), ranking.text_scale) or 1.0
@@ -203,7 +212,7 @@ def fuse(
     if kind:  # a tool result's candidate must be on its best line (`_tool_lines`)
         for event_id, key in best_chunk.items():
             row = chunk_rows[key]
-            if (row["role"] != "tool" or not ranking.tool_lines) and has_candidate(row["text"], kind, query):
+            if (row["role"] != "tool" or not ranking.tool_lines) and has_candidate(strip(row["text"]), kind, query):
                 event_scores[event_id] += ranking.answer_type
     lines: dict[str, str] = {}
     if ranking.tool_lines:
@@ -222,7 +231,7 @@ def fuse(
                 role=row["role"],
                 created=row["created"],
                 score=score,
-                snippet=snippet(row["text"], query, SNIPPET_CHARS),
+                snippet=snippet(strip(row["text"]), query, SNIPPET_CHARS),
                 chunk=row["chunk"],
                 line=lines.get(event_id, ""),
             )
@@ -264,6 +273,7 @@ def _tool_lines(
             break
         if event_id in texts:
             share, line = best_line(texts[event_id], wanted)
+            line = strip(line)  # the line as the event holds it, without its kind words
             if lines is not None and line:
                 lines[event_id] = line
             score += weight * share
@@ -294,8 +304,9 @@ def _echoes(legs: list[list[dict]], query: str, kind: str | None) -> set[str]:
         return found
     for rows in legs:
         for row in rows:
-            if (row["event_id"] not in found and is_echo(row["text"], row["role"], query, asked)
-                    and not (kind and has_candidate(row["text"], kind, query))):
+            text = strip(row["text"])  # without its kind words (store/kinds.py)
+            if (row["event_id"] not in found and is_echo(text, row["role"], query, asked)
+                    and not (kind and has_candidate(text, kind, query))):
                 found.add(row["event_id"])
     return found
 

@@ -21,7 +21,9 @@ DISTRACTORS = [
 ]
 SUMMARY = ("## Decisions\n- The user opened ticket OPS-7731 to track the staging database password rotation.\n"
            "- Dashboards are owned by the platform team.")
-QUERY = "Which issue number did I create for changing the staging DB credentials?"
+# Names no kind of value: "which issue number" would find the ticket by its kind words alone
+# (store/kinds.py, tests/store/test_kinds.py), without the summary.
+QUERY = "What did I set up for changing the staging DB credentials?"
 WORDS = "harbour lantern meadow copper violet thunder pebble orchard canyon glacier saffron compass".split()
 
 
