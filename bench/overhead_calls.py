@@ -33,9 +33,9 @@ sys.path.insert(0, str(_HERE))
 if os.environ.get("PYTHONPATH"):
     sys.path.append(str(_HERE.parent))
 import aiohttp  # noqa: E402
-from aiohttp import web  # noqa: E402
 
 import overhead as ov  # noqa: E402
+from common import _serve  # noqa: E402
 
 OURS = ("/gateway/", "/store/", "/policies/")
 _thread_profiles: list[cProfile.Profile] = []
@@ -58,14 +58,6 @@ async def _profiled_to_thread(fn, /, *args, **kwargs):
             _thread_profiles.append(profile)
 
     return await _to_thread(run)
-
-
-async def _serve(app: web.Application) -> tuple[web.AppRunner, int]:
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, runner.addresses[0][1]
 
 
 async def measure(args: argparse.Namespace) -> None:
