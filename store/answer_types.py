@@ -26,9 +26,11 @@ DATE, QUANTITY, NAME, PATH, ID, VERSION = "date", "quantity", "name", "path", "i
 _WHICH = r"\b(?:what|which)(?:'s|\s+is|\s+was|\s+are|\s+were)?\s+(?:the\s+)?(?:[\w'-]+\s+){0,3}?"
 # In order: the first that matches names the type ("which file ... when" asks for a file).
 _ASKS: tuple[tuple[str, re.Pattern[str]], ...] = tuple((kind, re.compile(pattern, re.I)) for kind, pattern in (
-    (PATH, _WHICH + r"(?:file|files|path|directory|folder|script)\b"),
-    (VERSION, _WHICH + r"(?:version|release)\b"),
-    (ID, _WHICH + r"(?:id|ids|identifier|code|ticket|reference|ref|hash|commit|sha|uuid|key)\b"),
+    # Plurals too: "which scripts hold ...", "what releases ..." ask for the same kind of value.
+    (PATH, _WHICH + r"(?:files?|paths?|director(?:y|ies)|folders?|scripts?)\b"),
+    (VERSION, _WHICH + r"(?:versions?|releases?)\b"),
+    (ID, _WHICH + r"(?:ids?|identifiers?|codes?|tickets?|references?|refs?|hash(?:es)?|commits?|shas?|"
+                  r"uuids?|keys?)\b"),
     (DATE, r"\bwhen\b|\b(?:what|which)\s+(?:date|day|time|year|month|week|weekday)\b"),
     (QUANTITY, r"\bhow\s+(?:long|much|many|old|far|often|big|large|tall|fast|heavy|late|early)\b|"
                r"\b(?:what|which)\s+(?:percentage|percent|number|price|amount|size|port|score|"

@@ -21,6 +21,11 @@ from store.ranking import Ranking, fuse
         ("When is my sister's wedding?", DATE),
         ("What date did we pick for the launch?", DATE),
         ("Which file holds the migration?", PATH),
+        # Plurals ask for the same kind (issue 28: "Which scripts holds the moved?" asked for none).
+        ("Which scripts hold the migration?", PATH),
+        ("Which directories did the deploy touch?", PATH),
+        ("What releases of the server are pinned?", VERSION),
+        ("Which tickets track the rotation?", ID),
         ("What uvicorn version is pinned?", VERSION),
         ("What is the customer's reservation code?", ID),
         ("How does the code handle retries?", None),

@@ -141,6 +141,40 @@ def test_a_term_on_most_lines_of_a_long_output_is_structure_not_a_clue():
     assert fuse([chat], "What is the staging deploy id?", 2, Ranking())[0].event_id == "u1"
 
 
+def _listings_and_a_fact() -> list[dict]:
+    """BM25 rows for "Which scripts holds the moved?": eight directory listings whose every
+    line carries the kind word "script" (store/kinds.py: every .py path), scored alike, and
+    the log holding the fact, whose line has "script" among its kind words once."""
+    listing = "\n".join(f"-rw-r--r-- 1 app app {n} Jun 1 /srv/app/m{n}/x.py \u27e6python source script kindpath\u27e7"
+                         for n in range(30))
+    log = "\n".join(f"2024-06-{day:02d} INFO worker queue cache" for day in range(1, 20))
+    fact = "\n".join([log, "NOTE the migration lives in /srv/app/migrations/0042_add_ledger.py "
+                       "\u27e6python source script database migration schema change kindpath\u27e7", log])
+    rows = [_row(f"t{n}", "tool", f"a{n}", listing, _score=1.79 - n * 0.001) for n in range(8)]
+    return rows + [_row("fact", "tool", "a9", fact, _score=0.3)]
+
+
+def test_a_bm25_leg_flat_over_many_events_does_not_outvote_the_line_that_holds_the_question():
+    query = "Which scripts holds the moved?"
+    rows = _listings_and_a_fact()
+    # As before (issue 28): the best listing took the leg's full 1.0, above the fact.
+    assert fuse([rows], query, 3, Ranking(text_margin=0.0))[0].event_id == "t0"
+    # The leg's best is barely above its 5th event: it tells the listings apart from nothing
+    # and counts little; the fact's line holding a query word (a path, as asked) wins.
+    hits = fuse([rows], query, 3, Ranking())
+    assert hits[0].event_id == "fact"
+    assert "0042_add_ledger.py" in hits[0].line
+    assert hits[1].score < 0.1
+
+
+def test_a_bm25_leg_with_a_clear_winner_keeps_its_full_weight():
+    rows = [_row("u1", "user", "", "the staging deploy id is DEP-58213", _score=9.0)]
+    rows += [_row(f"t{n}", "tool", f"a{n}", "deploy queue worker", _score=3.0) for n in range(8)]
+    hits = fuse([rows], "What is the staging deploy id?", 2, Ranking(tool_lines=0.0, answer_type=0.0))
+    # (9 - 3) / 9 x 4 > 1: the margin caps at the full weight.
+    assert hits[0].event_id == "u1" and hits[0].score == pytest.approx(1.0)
+
+
 def _asked_twice() -> list[list[dict]]:
     """Both legs for the tool output that states the deploy id and the earlier ask of the same
     question, which matches the question's words and meaning best."""

@@ -1,0 +1,63 @@
+"""A question whose only word in common with the session is one that many events hold (a kind
+word on every .py path of every directory listing, store/kinds.py) does not hand the model an
+arbitrary listing: the keyword leg that cannot tell its events apart counts little
+(`Ranking.text_margin`, issue 28), and the fact whose line holds the question's words comes back,
+on every wire format."""
+
+from __future__ import annotations
+
+import random
+
+import aiohttp
+import pytest
+
+from tests.pipeline.formats import TOOL_NAME, WIRES
+from tests.support.agent import settle
+
+FACT = "NOTE the migration lives in /srv/app/migrations/0042_add_ledger.py"
+VALUE = "/srv/app/migrations/0042_add_ledger.py"
+STEPS = 24
+DIRS = ("worker", "cache", "queue", "render", "shard", "client", "stream", "parser", "socket", "branch")
+
+
+def output(step: int) -> str:
+    rng = random.Random(step)
+    if step == 2:  # a build log with the fact on one line, no path elsewhere
+        lines = [f"2024-06-{i % 28 + 1:02d} INFO build worker queue stage {i % 7} ok" for i in range(150)]
+        lines.insert(75, FACT)
+    else:  # a directory listing: every line a .py path, so every line carries "script"
+        lines = [f"-rw-r--r-- 1 app app {rng.randint(100, 99999):>6} Jun {rng.randint(1, 28):>2} "
+                 f"/srv/app/{rng.choice(DIRS)}/{rng.choice(DIRS)}_{i}.py" for i in range(120)]
+    if step < STEPS:
+        lines.append(f"[[call {TOOL_NAME} {{\"command\": \"step {step + 1}\"}}]]")
+    return "\n".join(lines)
+
+
+def sent(upstream, wire) -> list[dict]:
+    return [r["json"] for r in upstream.received
+            if r["path"].split("?")[0] == wire.path and r.get("json")
+            and r["headers"].get("x-palimpsest-purpose") != "summary"]
+
+
+@pytest.mark.parametrize("wire", list(WIRES.values()), ids=list(WIRES))
+async def test_a_word_on_every_listing_does_not_outrank_the_line_that_answers(wire, upstream, start_gateway):
+    gw = await start_gateway(policy={"profile": "economy", "summary_trigger_ratio": 0.3})
+    async with aiohttp.ClientSession() as http:
+        history = wire.start(f"Run the chain. [[call {TOOL_NAME} {{\"command\": \"step 1\"}}]]")
+        for step in range(1, STEPS + 1):
+            answer = await wire.post(http, gw.root, wire.body(history, stream=False), session="s-flat")
+            assert answer.status == 200 and answer.calls, (step, answer.body)
+            wire.add_answer(history, answer)
+            wire.add_result(history, answer.calls[0][0], output(step))
+        reply = await wire.post(http, gw.root, wire.body(history, stream=False), session="s-flat")
+        wire.add_answer(history, reply)
+        await settle(gw)
+        # No word of the fact's line but "script", which the index gives every .py path.
+        wire.add_user(history, "RECALL: which scripts carry the relocation?")
+        before = len(sent(upstream, wire))
+        answer = await wire.post(http, gw.root, wire.body(history, stream=False), session="s-flat")
+    assert answer.status == 200
+    rounds = sent(upstream, wire)[before:]
+    # The fact was hidden from the view the model got, and came back as the answer.
+    assert VALUE not in str(rounds[0]["messages"] if "messages" in rounds[0] else rounds[0].get("input"))
+    assert VALUE in answer.text
