@@ -61,7 +61,7 @@ from store.chunking import split_chunks
 from store.embedders import Embedder
 from store.answer_types import expected_type
 from store.kinds import LINE_ROW, index_rows, kind_token
-from store.index_legs import retrieve, scope_filter, sql_string
+from store.index_legs import flat_to_depth, retrieve, scope_filter, sql_string
 from store.ranking import Hit, Ranking, fuse, text_query, vector_query
 
 __all__ = ["LINE_ROW", "Hit", "IndexedEvent", "Ranking", "SearchIndex"]
@@ -287,16 +287,14 @@ class SearchIndex:
         if limit <= 0 or not query.strip():
             return []
         session = await self._session(session_key)
-        if session is None:
-            return []
-        if within is not None and not within:
+        if session is None or (within is not None and not within):
             return []
         ranking = ranking or self.ranking
         query_vector = (await self._embedder.embed([vector_query(query, ranking)]))[0]
         where = scope_filter(session_key, within)
         # A question asking for a rare kind of value also retrieves the rows holding one.
         kind = kind_token(expected_type(query)) if ranking.kind_weight else ""
-        depth = max(20, 4 * limit + 2 * len(exclude_event_ids))
+        depth = first = max(20, 4 * limit + 2 * len(exclude_event_ids))
         while True:
             text_depth = depth + ranking.text_extra
             text_rows, vector_rows, *expanded = await retrieve(
@@ -311,9 +309,10 @@ class SearchIndex:
             ]
             fused = fuse(legs, query, limit + len(exclude_event_ids), ranking)
             hits = [hit for hit in fused if hit.event_id not in exclude_event_ids][:limit]
-            # Go deeper only when the scope or exclusions (or many chunks per event) left the
-            # list short while a leg still had more rows.
-            if len(hits) >= limit or (len(text_rows) < text_depth and len(vector_rows) < depth):
+            # Go deeper when the scope or exclusions (or many chunks per event) left the list short while
+            # a leg still had more rows, and once when the BM25 leg is flat down to its depth.
+            if (len(hits) >= limit and not (depth == first and flat_to_depth(text_rows, text_depth))) \
+                    or (len(text_rows) < text_depth and len(vector_rows) < depth):
                 return hits
             depth *= 2
 

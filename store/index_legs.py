@@ -10,12 +10,25 @@ import asyncio
 
 import lancedb
 
-__all__ = ["PREFILTER_WITHIN", "retrieve", "scope_filter", "sql_string"]
+__all__ = ["FLAT_LEG", "PREFILTER_WITHIN", "flat_to_depth", "retrieve", "scope_filter", "sql_string"]
 
 # A search scope (`within`) up to this size is a prefilter inside LanceDB, a larger one a
 # post-filter: filtered after retrieval, a few events' scope made each leg re-query deeper and
 # deeper, reading the whole session's rows, text included, several times.
 PREFILTER_WITHIN = 512
+
+
+# A BM25 leg whose last row still scores this share of its best is flat down to its depth: its
+# rows matched one word that many events hold alike ("script", the kind word of every .py path in
+# a directory listing), and the row holding the question's other words may sit just below the cut
+# (issue 28: a fact line at BM25 rank 40-60 behind listing chunks). Such a search reads once
+# twice as deep; a leg with a clear head (nearly every search) costs nothing more.
+FLAT_LEG = 0.9
+
+
+def flat_to_depth(rows: list[dict], depth: int) -> bool:
+    """Whether a BM25 leg filled `depth` rows whose last scores at least FLAT_LEG of its first."""
+    return len(rows) >= depth > 0 and rows[-1].get("_score", 0.0) >= FLAT_LEG * rows[0].get("_score", 0.0) > 0
 
 
 def sql_string(value: str) -> str:

@@ -213,3 +213,47 @@ async def test_drop_session_and_reset(index):
     assert index.indexed_seq("b") == -1
     assert await index.search("b", "sourdough") == []
     assert await index.add("b", noise(5)) == 5
+
+
+def _listings_and_a_log(listings: int) -> list[IndexedEvent]:
+    """Asks for directory listings and the listings (each naming .py paths, so their kind words
+    hold "script"), and one build log whose one line names a migration file."""
+    rng = random.Random(3)
+    dirs = ("worker", "cache", "queue", "render", "shard", "client", "stream", "parser")
+    events = []
+    for seq in range(listings):
+        text = "\n".join(f"-rw-r--r-- 1 app app {rng.randint(100, 99999):>6} Jun {rng.randint(1, 28):>2} "
+                         f"/srv/app/{rng.choice(dirs)}/{rng.choice(dirs)}_{n}.py" for n in range(60))
+        # An agent's short asks name a .py path too: rows as short as the fact's line.
+        ask = f"Step {seq}: please list dir on /srv/app/{rng.choice(dirs)}/{rng.choice(dirs)}.py."
+        events.append(IndexedEvent(f"u{seq}", 2 * seq, "user", 1_700_000_000.0 + 2 * seq, ask))
+        events.append(IndexedEvent(f"l{seq}", 2 * seq + 1, "tool", 1_700_000_001.0 + 2 * seq, text))
+    log = [f"2024-06-{n % 28 + 1:02d} INFO build worker queue stage {n % 7} ok" for n in range(40)]
+    log.insert(20, "NOTE the migration lives in /srv/app/migrations/0042_add_ledger.py")
+    events.insert(listings, IndexedEvent("fact", 2 * listings, "tool", 1_700_000_000.0 + 2 * listings, "\n".join(log)))
+    return events
+
+
+async def test_a_bm25_leg_flat_down_to_its_depth_is_read_once_deeper(index, monkeypatch):
+    import store.index_legs as legs
+
+    await index.add("tenant:s1", _listings_and_a_log(60))
+    query = "which scripts carry the relocation?"  # only "script" (a kind word) is in the session
+    monkeypatch.setattr(legs, "FLAT_LEG", 2.0)  # never flat: one read at the usual depth
+    shallow = await index.search("tenant:s1", query)
+    monkeypatch.setattr(legs, "FLAT_LEG", 0.9)
+    deep = await index.search("tenant:s1", query)
+    # At the usual depth the BM25 leg holds listing chunks only, all matching "script" alike.
+    assert "fact" not in [hit.event_id for hit in shallow]
+    assert deep[0].event_id == "fact"
+    assert "0042_add_ledger.py" in deep[0].line
+
+
+def test_flat_to_depth_needs_a_full_leg_whose_last_row_scores_near_its_first():
+    from store.index_legs import flat_to_depth
+
+    rows = [{"_score": 1.79 - n * 0.001} for n in range(40)]
+    assert flat_to_depth(rows, 40)
+    assert not flat_to_depth(rows[:30], 40)  # the leg had no more rows: deeper finds none
+    assert not flat_to_depth([{"_score": 9.0}] + rows[1:], 40)  # a clear head
+    assert not flat_to_depth([], 0)
