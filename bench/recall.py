@@ -369,8 +369,12 @@ async def planted(args, tool_times: dict) -> list[dict]:
                     if not error and not (reply.message or {}).get("content", "").startswith("ANSWER:"):
                         error = "no ANSWER"
                     path = set(path_ids([m for m in history if m["role"] != "system"]))
-                    hits = await (await bench.gateway.app[INDEXER].opened()).search(key, question, limit=14)
-                    hits = [h for h in hits if h.event_id in path][:10]
+                    # Ranked within the history's path: the session also holds the earlier asks
+                    # (other branches), whose scores would set the legs' scale (issue 28: an
+                    # earlier ask made the reworded question's fact look ranked first while the
+                    # model's own search, on the path, had it at rank None).
+                    hits = await (await bench.gateway.app[INDEXER].opened()).search(
+                        key, question, limit=10, within=frozenset(path))
                     rank = next((i + 1 for i, h in enumerate(hits) if ledger.get(key, h.event_id)
                                  and fact.answer in (ledger.get(key, h.event_id).message.get("content") or "")), None)
                     calls = [c for c in bench.puppet.calls if c.index >= start and c.purpose != "summary"]
