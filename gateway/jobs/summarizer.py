@@ -73,8 +73,7 @@ def written_since(ledger, session_key: str, after: str) -> list[str]:
     KNOWN_SINCE): what the session held, beyond the summarised request, when a checkpoint was
     stored. Views take the furthest of them on a request's path as the checkpoint's earliest
     adoption point, whichever branch or retry the request is on."""
-    record = ledger.session(session_key)
-    out: list[str] = []
+    record, out = ledger.session(session_key), []
     current = record.head if record is not None else None
     while current is not None and current != after and len(out) < KNOWN_SINCE:
         out.append(current)
