@@ -24,10 +24,10 @@ import orjson
 from aiohttp import web
 
 from gateway.pipeline import offload
-from gateway.pipeline.adapter import FormatPeer, StreamWatch
+from gateway.pipeline.adapter import FormatPeer
 from gateway.pipeline.bypass import BYPASS_HEADER, bypass_reason
 from gateway.pipeline.quota import StorageQuota
-from gateway.pipeline.relay import DONE, upstream_events
+from gateway.pipeline.relay import relay_stream
 from gateway.pipeline.turn import Timing, Turn, TurnRecorder
 from gateway.pipeline.views import View, ViewBuilder
 from gateway.http.errors import GatewayError, UpstreamIncomplete
@@ -227,7 +227,8 @@ class Pipeline:
                                                                          headers=headers))
                 response = web.StreamResponse(status=200, reason=up.reason, headers=headers)
                 await response.prepare(request)
-                watch = await self._pump(reader, response, turn)
+                watch = self.peer.watch()  # the answer read on the side
+                await relay_stream(reader, response, watch, turn.timing, passthrough=True)
                 if watch.final is None:
                     raise UpstreamIncomplete("The upstream's stream ended before the answer was complete.")
                 self.peer.learn(turn, watch.final)
@@ -245,18 +246,6 @@ class Pipeline:
         self.recorder.failed_in_stream(turn, error)
         await end_stream(response, self.peer.error_event(error))
         return response
-
-    async def _pump(self, reader, response: web.StreamResponse, turn: Turn) -> StreamWatch:
-        """Relay the upstream's bytes as they come; the answer read on the side."""
-        watch = self.peer.watch()
-        async for chunk, events in upstream_events(reader, turn.timing):
-            await response.write(chunk)
-            for event in events:
-                if event is DONE:
-                    watch.done()
-                else:
-                    watch.feed(event)
-        return watch
 
     def _learn_payload(self, turn: Turn, payload: bytes) -> None:
         try:

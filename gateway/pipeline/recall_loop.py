@@ -34,7 +34,7 @@ from gateway.http.errors import GatewayError, UpstreamIncomplete, UpstreamUnreac
 from gateway.http.upstream import response_headers
 from gateway.keys import TENANT, UPSTREAM_KEY
 from gateway.pipeline.adapter import RecallAdapter, Reply
-from gateway.pipeline.relay import DONE, upstream_events
+from gateway.pipeline.relay import relay_stream
 from gateway.pipeline.turn import Turn, TurnRecorder, clean_usage
 from gateway.pipeline.views import ViewBuilder
 from gateway.recall.auto import add_recalled_history
@@ -233,7 +233,7 @@ class RecallLoop:
                         headers.update(turn.headers)
                         response = web.StreamResponse(status=200, headers=headers)
                         await response.prepare(request)
-                    await self._relay_round(reader, turn, relay, response)
+                    await relay_stream(reader, response, relay, turn.timing)  # what the filter lets through
                 reply = relay.round_end()
                 if reply is None:
                     raise UpstreamIncomplete("The upstream's stream ended before the answer was complete.")
@@ -252,19 +252,3 @@ class RecallLoop:
                 return response
         except GatewayError as exc:
             return await adapter.stream_failed(response, turn, exc)
-
-    @staticmethod
-    async def _relay_round(reader, turn: Turn, relay, response: web.StreamResponse) -> None:
-        """One upstream stream through the turn's filter, written to the client as it comes (what
-        the filter let through before the provider's error event included)."""
-        async for _, events in upstream_events(reader, turn.timing):
-            out = bytearray()
-            try:
-                for event in events:
-                    if event is DONE:
-                        relay.done()
-                    else:
-                        out += relay.feed(event)
-            finally:
-                if out:
-                    await response.write(bytes(out))
