@@ -71,11 +71,11 @@ class Pipeline:
         configured = self.settings.models.get(model)
         return self.peer.through_chat is not None and configured is not None and configured.api == "chat"
 
-    def transport(self, model: str):
-        """The upstream client for `model` (``post`` and ``reader``): the upstream that serves it,
-        seen through Chat Completions for a model configured with ``api = "chat"``."""
-        upstream = self.upstream.for_model(model)
-        return self.peer.through_chat(upstream) if self.via_chat(model) else upstream
+    def transport(self, turn: Turn):
+        """The upstream client for the turn (``post`` and ``reader``): the upstream that serves its
+        model, seen through Chat Completions when the turn goes to a chat-only model (``via_chat``)."""
+        upstream = self.upstream.for_model(turn.chat.model)
+        return self.peer.through_chat(upstream) if turn.via_chat else upstream
 
     async def record(self, turn: Turn, tenant: str | None = None) -> None:
         await self.recorder.answer(turn)
@@ -175,6 +175,15 @@ class Pipeline:
         await self.sync(request, chat, ids, ref)
         return await self.serve(request, self.turn(request, chat, ref, timing, view, auth, bypass))
 
+    async def forward(self, request: web.Request, timing: Timing, chat, path: str) -> web.StreamResponse:
+        """A request to another path of the format's API that the gateway neither rewrites nor
+        records (``/v1/responses/compact`` without a session): the client's body to `path` on its
+        model's upstream through the plain relay, with the same headers, key, metrics and log
+        line as any request, and the upstream's answer (an error included) as it came."""
+        turn = self.turn(request, chat, None, timing, View(), self.auth(request))
+        turn.path, turn.via_chat = path, False  # the provider's own endpoint: no chat-only translation
+        return await self.serve(request, turn)
+
     async def serve(self, request: web.Request, turn: Turn) -> web.StreamResponse:
         """The recall loop when the view carries recall tools, else the plain relay; observed
         and logged whatever happens."""
@@ -204,9 +213,9 @@ class Pipeline:
     async def relay(self, request: web.Request, turn: Turn) -> web.StreamResponse:
         t0 = time.perf_counter()
         response: web.StreamResponse | None = None
-        transport = self.transport(turn.chat.model)
+        transport = self.transport(turn)
         try:
-            async with transport.post(self.peer.upstream_path(request), request.headers, self.peer.body(turn), drop=self.drop,
+            async with transport.post(turn.path or self.peer.upstream_path(request), request.headers, self.peer.body(turn), drop=self.drop,
                                       tenant_key=request.get(UPSTREAM_KEY, "")) as up:
                 turn.timing.waiting(t0)
                 reader = transport.reader(up)
@@ -218,7 +227,7 @@ class Pipeline:
                     t0 = time.perf_counter()
                     payload = await reader.read()
                     turn.timing.waiting(t0)
-                    if up.status == 200:
+                    if up.status == 200 and not turn.path:
                         self._learn_payload(turn, payload)
                         self.recorder.bill(turn)
                         if turn.billed is not None:  # known before the body goes out: JSON answers only

@@ -71,7 +71,7 @@ class RecallLoop:
     # -- shared ------------------------------------------------------------------------------
 
     def _open(self, request: web.Request, turn: Turn, adapter: RecallAdapter, body: bytes):
-        transport = adapter.transport(turn.chat.model)
+        transport = adapter.transport(turn)
         return transport.post(turn.peer.upstream_path(request), request.headers, body, drop=adapter.drop,
                               tenant_key=request.get(UPSTREAM_KEY, ""))
 
@@ -81,7 +81,7 @@ class RecallLoop:
         upstream refused the recall tools (marked on the turn: the caller asks again)."""
         t0 = time.perf_counter()
         async with self._open(request, turn, adapter, turn.peer.recall_body(turn, messages, with_recall, False)) as up:
-            payload = await adapter.transport(turn.chat.model).reader(up).read()
+            payload = await adapter.transport(turn).reader(up).read()
             turn.timing.waiting(t0)
             headers = response_headers(up.headers, decoded=True)
             status, reason = up.status, up.reason
@@ -216,7 +216,7 @@ class RecallLoop:
                 t0 = time.perf_counter()
                 async with self._open(request, turn, adapter, turn.peer.recall_body(turn, messages, with_recall, True)) as up:
                     turn.timing.waiting(t0)
-                    reader = adapter.transport(turn.chat.model).reader(up)
+                    reader = adapter.transport(turn).reader(up)
                     if up.status != 200 or "text/event-stream" not in up.headers.get("Content-Type", ""):
                         payload = await reader.read()
                         if response is None and with_recall and self._refused_tools(turn, up.status, payload):

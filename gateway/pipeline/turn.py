@@ -121,6 +121,9 @@ class Turn:
     via_chat: bool = False  # the view went to a chat-only upstream as Chat Completions
     fork_headers: dict[str, str] | None = None  # the request's headers its format's fork repeats
     query: str = ""  # the request's query string (with fork_headers)
+    # Set for a request relayed to another path of the format's API (/v1/responses/compact without
+    # a session, Pipeline.forward): its answer is relayed as it came, neither read nor recorded.
+    path: str = ""
 
 
 class TurnRecorder:
