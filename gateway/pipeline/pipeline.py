@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +28,7 @@ from gateway.pipeline import offload
 from gateway.pipeline.adapter import FormatPeer
 from gateway.pipeline.bypass import BYPASS_HEADER, bypass_reason
 from gateway.pipeline.quota import StorageQuota
-from gateway.pipeline.relay import relay_stream
+from gateway.pipeline.relay import relay_stream, streamed
 from gateway.pipeline.turn import Timing, Turn, TurnRecorder
 from gateway.pipeline.views import View, ViewBuilder
 from gateway.http.errors import GatewayError, UpstreamIncomplete
@@ -210,18 +211,26 @@ class Pipeline:
 
     # -- the plain relay -----------------------------------------------------------------------
 
-    async def relay(self, request: web.Request, turn: Turn) -> web.StreamResponse:
-        t0 = time.perf_counter()
-        response: web.StreamResponse | None = None
+    @asynccontextmanager
+    async def call(self, request: web.Request, turn: Turn, body: bytes):
+        """One upstream call of the turn, the plain relay's or a recall round's: `body` to the
+        turn's path on its transport, with the client's headers (but the gateway's own) and the
+        tenant's key; yields (the response, its reader), the wait for its head counted as the
+        upstream's time."""
         transport = self.transport(turn)
+        t0 = time.perf_counter()
+        async with transport.post(turn.path or self.peer.upstream_path(request), request.headers, body, drop=self.drop,
+                                  tenant_key=request.get(UPSTREAM_KEY, "")) as up:
+            turn.timing.waiting(t0)
+            yield up, transport.reader(up)
+
+    async def relay(self, request: web.Request, turn: Turn) -> web.StreamResponse:
+        response: web.StreamResponse | None = None
         try:
-            async with transport.post(turn.path or self.peer.upstream_path(request), request.headers, self.peer.body(turn), drop=self.drop,
-                                      tenant_key=request.get(UPSTREAM_KEY, "")) as up:
-                turn.timing.waiting(t0)
-                reader = transport.reader(up)
+            async with self.call(request, turn, self.peer.body(turn)) as (up, reader):
                 headers = response_headers(up.headers, decoded=True)
                 headers.update(turn.headers)
-                if up.status != 200 or "text/event-stream" not in up.headers.get("Content-Type", ""):
+                if not streamed(up):
                     if up.status != 200:
                         self.metrics.upstream_error(up.status)
                     t0 = time.perf_counter()

@@ -9,8 +9,9 @@ every upstream call of the turn. When one answer mixes client and recall calls, 
 
 One loop serves every format: the turn's format peer (``gateway/pipeline/adapter.py``) writes
 the bodies, reads each answer into a ``Reply`` and merges the turn's answers into the client's,
-in JSON and in streams; the pipeline that serves the turn (its ``RecallAdapter``) names the
-transport, records the answer and ends a failed stream.
+in JSON and in streams; the pipeline that serves the turn (its ``RecallAdapter``) makes each
+upstream call (``Pipeline.call``, the plain relay's too), records the answer and ends a failed
+stream.
 
 An upstream that refuses tools (an error naming them, on the turn's first call, for a client
 that sent none) gets the same view again without recall tools, and that model is not offered
@@ -32,9 +33,9 @@ from aiohttp import web
 
 from gateway.http.errors import GatewayError, UpstreamIncomplete, UpstreamUnreachable
 from gateway.http.upstream import response_headers
-from gateway.keys import TENANT, UPSTREAM_KEY
+from gateway.keys import TENANT
 from gateway.pipeline.adapter import RecallAdapter, Reply
-from gateway.pipeline.relay import relay_stream
+from gateway.pipeline.relay import relay_stream, streamed
 from gateway.pipeline.turn import Turn, TurnRecorder, clean_usage
 from gateway.pipeline.views import ViewBuilder
 from gateway.recall.auto import add_recalled_history
@@ -70,18 +71,13 @@ class RecallLoop:
 
     # -- shared ------------------------------------------------------------------------------
 
-    def _open(self, request: web.Request, turn: Turn, adapter: RecallAdapter, body: bytes):
-        transport = adapter.transport(turn)
-        return transport.post(turn.peer.upstream_path(request), request.headers, body, drop=adapter.drop,
-                              tenant_key=request.get(UPSTREAM_KEY, ""))
-
     async def _call_json(self, request: web.Request, turn: Turn, adapter: RecallAdapter, messages: list[dict],
                          with_recall: bool):
         """One non-streaming round: (status, reason, payload, headers), or None when the
         upstream refused the recall tools (marked on the turn: the caller asks again)."""
-        t0 = time.perf_counter()
-        async with self._open(request, turn, adapter, turn.peer.recall_body(turn, messages, with_recall, False)) as up:
-            payload = await adapter.transport(turn).reader(up).read()
+        async with adapter.call(request, turn, turn.peer.recall_body(turn, messages, with_recall, False)) as (up, reader):
+            t0 = time.perf_counter()
+            payload = await reader.read()
             turn.timing.waiting(t0)
             headers = response_headers(up.headers, decoded=True)
             status, reason = up.status, up.reason
@@ -213,11 +209,8 @@ class RecallLoop:
         try:
             while True:
                 with_recall = self._with_recall(turn)
-                t0 = time.perf_counter()
-                async with self._open(request, turn, adapter, turn.peer.recall_body(turn, messages, with_recall, True)) as up:
-                    turn.timing.waiting(t0)
-                    reader = adapter.transport(turn).reader(up)
-                    if up.status != 200 or "text/event-stream" not in up.headers.get("Content-Type", ""):
+                async with adapter.call(request, turn, turn.peer.recall_body(turn, messages, with_recall, True)) as (up, reader):
+                    if not streamed(up):
                         payload = await reader.read()
                         if response is None and with_recall and self._refused_tools(turn, up.status, payload):
                             turn.recall_refused = True

@@ -51,6 +51,12 @@ async def upstream_events(reader, timing=None) -> AsyncIterator[tuple[bytes, lis
         yield chunk, events
 
 
+def streamed(up) -> bool:
+    """Whether an upstream response is an event stream to relay (else a whole body: an error, or
+    a JSON answer)."""
+    return up.status == 200 and "text/event-stream" in up.headers.get("Content-Type", "")
+
+
 async def relay_stream(reader, response: web.StreamResponse, sink, timing=None, *, passthrough: bool = False) -> None:
     """The upstream's stream to the client's `response` until the upstream's body ends. Each
     event goes to `sink` (``feed``, ``done`` for ``[DONE]``): with `passthrough` the client gets
