@@ -14,7 +14,6 @@ the client's stream with it.
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -30,13 +29,7 @@ DONE = "[DONE]"
 async def upstream_events(reader, timing=None) -> AsyncIterator[tuple[bytes, list[Any]]]:
     """(chunk, events) until the upstream's body ends; `timing` (a turn's) counts the waits."""
     decoder = SSEDecoder()
-    while True:
-        t0 = time.perf_counter()
-        chunk = await reader.chunk()
-        if timing is not None:
-            timing.waiting(t0)
-        if not chunk:
-            return
+    async for chunk in reader.chunks(timing):
         events: list[Any] = []
         for data in decoder.feed(chunk):
             if data == DONE:

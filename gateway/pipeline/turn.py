@@ -18,6 +18,7 @@ from gateway.pipeline.request import ChatRequest
 from gateway.pipeline.request_form import stored as stored_form
 from gateway.pipeline.views import View
 from gateway.http.errors import GatewayError, UpstreamTimeout
+from gateway.http.upstream import Timing
 from gateway.ops.basis import of_turn as request_basis
 from gateway.ops.receipts import billed_units, build_receipt, compaction_event_here, stored as stored_receipt
 from policies.cost import cost_rates
@@ -75,17 +76,6 @@ def add_usage(total: dict | None, usage) -> dict | None:
                 bucket = total.setdefault(group, {})
                 bucket[key] = (bucket.get(key) or 0) + value
     return total
-
-
-@dataclass(slots=True)
-class Timing:
-    """Where the time of one request went; overhead = total - upstream."""
-
-    started: float = field(default_factory=time.perf_counter)
-    upstream: float = 0.0
-
-    def waiting(self, since: float) -> None:
-        self.upstream += time.perf_counter() - since
 
 
 @dataclass(slots=True)
