@@ -85,8 +85,8 @@ class BodyReader:
                 return
             yield chunk
 
-    async def read(self) -> bytes:
-        return b"".join([chunk async for chunk in self.chunks()])
+    async def read(self, timing: Timing | None = None) -> bytes:
+        return b"".join([chunk async for chunk in self.chunks(timing)])
 
 
 class Upstream:

@@ -233,9 +233,7 @@ class Pipeline:
                 if not streamed(up):
                     if up.status != 200:
                         self.metrics.upstream_error(up.status)
-                    t0 = time.perf_counter()
-                    payload = await reader.read()
-                    turn.timing.waiting(t0)
+                    payload = await reader.read(turn.timing)
                     if up.status == 200 and not turn.path:
                         self._learn_payload(turn, payload)
                         self.recorder.bill(turn)

@@ -26,7 +26,6 @@ not recorded; the provider's own error event is told with its message, type and 
 from __future__ import annotations
 
 import logging
-import time
 
 import orjson
 from aiohttp import web
@@ -76,9 +75,7 @@ class RecallLoop:
         """One non-streaming round: (status, reason, payload, headers), or None when the
         upstream refused the recall tools (marked on the turn: the caller asks again)."""
         async with adapter.call(request, turn, turn.peer.recall_body(turn, messages, with_recall, False)) as (up, reader):
-            t0 = time.perf_counter()
-            payload = await reader.read()
-            turn.timing.waiting(t0)
+            payload = await reader.read(turn.timing)
             headers = response_headers(up.headers, decoded=True)
             status, reason = up.status, up.reason
         if status != 200 and with_recall and self._refused_tools(turn, status, payload):
