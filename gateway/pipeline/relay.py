@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
-
 from aiohttp import web
 
 from gateway.http.sse import SSEDecoder
