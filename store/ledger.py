@@ -180,15 +180,17 @@ class Ledger:
             self._insert_one(ref, parent, event_id(parent, message), message)
 
     def _insert_one(self, ref: SessionRef, parent: str | None, eid: str, message: dict) -> tuple | None:
-        """The events row written, or None when the session holds the event already (one
-        INSERT OR IGNORE on the primary key, not a look-up and an insert)."""
+        """The events row written, or None when the session holds the event already (an insert
+        that does nothing on the primary key, not a look-up and an insert; any other conflict,
+        a seq taken, still raises)."""
         seq, epoch = self._open_session(ref)
         key = (ref.key, epoch, eid)
         if key in self._seen:
             return None
         now = time.time()
         row = event_row(ref.key, parent, eid, seq, message, "message", now)
-        written = self._db.execute("INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row).rowcount
+        written = self._db.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                                   "ON CONFLICT (session_key, id) DO NOTHING", row).rowcount
         self._remember(key)
         if not written:
             return None
