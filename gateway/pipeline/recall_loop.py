@@ -190,6 +190,8 @@ class RecallLoop:
             return await self._send(request, turn, adapter, status, reason, orjson.dumps(answer), headers, record=True)
 
     async def _send(self, request, turn, adapter, status, reason, payload, headers, record=False) -> web.StreamResponse:
+        if status != 200:
+            self.metrics.upstream_error(status)  # a round's status passed through, as the plain relay counts it
         headers.update(turn.headers)
         headers["x-palimpsest-recall-calls"] = str(turn.recall_calls)
         if turn.billed is not None and turn.usage is not None:
