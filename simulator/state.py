@@ -41,12 +41,13 @@ class PuppetState:
     models: tuple[str, ...] = DEFAULT_MODELS + FIXTURE_MODELS
     # Summary calls only (x-palimpsest-purpose: summary), to play a weak or rate-limited summary
     # model: statuses the next ones fail with (first in, first out), a status every one fails
-    # with, the Retry-After sent with a 429, a delay before answering, and "ignore" to answer
-    # without the required headings.
+    # with, the Retry-After sent with a 429, a delay before answering, a gate that holds every
+    # summary call until a test opens it, and "ignore" to answer without the required headings.
     summary_failures: list[int] = field(default_factory=list)
     summary_status: int | None = None
     retry_after: str = "1"
     summary_latency_s: float = 0.0
+    summary_gate: asyncio.Event | None = None
     summary_format: str = "follow"
     # Responses kept by id (``store`` not false): {"response", "context", "output"}.
     responses: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -121,3 +122,5 @@ async def summary_faults(state: PuppetState) -> None:
         raise error
     if state.summary_latency_s:
         await asyncio.sleep(state.summary_latency_s)
+    if state.summary_gate is not None:
+        await state.summary_gate.wait()

@@ -163,8 +163,10 @@ class Ledger:
             return Event(eid, parent, -1, str(message.get("role")), stored_form(message), time.time())
         with self._transaction():
             self._write_pending()
-            self._insert_one(ref, parent, eid, message)
-        return self.get(ref.key, eid)  # type: ignore[return-value]
+            row = self._insert_one(ref, parent, eid, message)
+        if row is None:  # the session held it already: as stored
+            return self.get(ref.key, eid)  # type: ignore[return-value]
+        return _event((row[1], row[2], row[3], row[4], row[7], row[6], row[5]))  # the row just written, not read back
 
     def flush(self) -> None:
         """Write deferred answers now."""
@@ -177,14 +179,23 @@ class Ledger:
         for ref, parent, message in pending:
             self._insert_one(ref, parent, event_id(parent, message), message)
 
-    def _insert_one(self, ref: SessionRef, parent: str | None, eid: str, message: dict) -> None:
+    def _insert_one(self, ref: SessionRef, parent: str | None, eid: str, message: dict) -> tuple | None:
+        """The events row written, or None when the session holds the event already (an insert
+        that does nothing on the primary key, not a look-up and an insert; any other conflict,
+        a seq taken, still raises)."""
         seq, epoch = self._open_session(ref)
-        if self._known(ref.key, epoch, eid):
-            return
+        key = (ref.key, epoch, eid)
+        if key in self._seen:
+            return None
         now = time.time()
-        self._db.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", event_row(ref.key, parent, eid, seq, message, "message", now))
-        self._remember((ref.key, epoch, eid))
+        row = event_row(ref.key, parent, eid, seq, message, "message", now)
+        written = self._db.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                                   "ON CONFLICT (session_key, id) DO NOTHING", row).rowcount
+        self._remember(key)
+        if not written:
+            return None
         self._db.execute("UPDATE sessions SET events = events + 1, head = ?, updated = ? WHERE key = ?", (eid, now, ref.key))
+        return row
 
     def add_side_events(self, ref: SessionRef, node: str | None, messages: Iterable[dict]) -> list[Event]:
         """Gateway-made messages (recall calls and results), hung off `node`."""

@@ -34,7 +34,7 @@ from aiohttp import web
 from gateway.http.body import StreamedBody
 from gateway.http.errors import BadRequest, Forbidden, GatewayError, UpstreamTimeout
 from gateway.http.sse import end_with_error
-from gateway.http.upstream import ANTHROPIC_VERSION, response_headers
+from gateway.http.upstream import ANTHROPIC_VERSION, Timing, response_headers
 from gateway.http.gate import tenant_of
 from gateway.keys import METRICS, OWNED, REQUEST_ID, SETTINGS, UPSTREAM, UPSTREAM_KEY
 
@@ -85,8 +85,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     if refusal is not None:
         raise refusal
     metrics = request.app[METRICS]
-    started = time.perf_counter()
-    waited = 0.0
+    timing = Timing()  # the upstream's share of the request's time
     headers = upstream.request_headers(request.headers, path=request.path, tenant_key=tenant_key)
     body = None
     if read is not None:
@@ -104,7 +103,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         async with upstream.request(
             upstream.raw, request.method, upstream.raw_url(raw_path, request.rel_url.raw_query_string, base), headers=headers, data=body
         ) as up:
-            waited += time.perf_counter() - t0
+            timing.waiting(t0)
             status = up.status
             if status >= 400:
                 metrics.upstream_error(status)
@@ -113,13 +112,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
             if up.content_length is not None and request.method != "HEAD":
                 response.content_length = up.content_length
             await response.prepare(request)
-            reader = upstream.reader(up)
-            while True:
-                t0 = time.perf_counter()
-                chunk = await reader.chunk()
-                waited += time.perf_counter() - t0
-                if not chunk:
-                    break
+            async for chunk in upstream.reader(up).chunks(timing):
                 await response.write(chunk)
             await response.write_eof()
             return response
@@ -138,11 +131,11 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
                 request.transport.close()  # the body stays short: the client sees it cut, not complete
         return response
     finally:
-        elapsed = time.perf_counter() - started
+        elapsed = time.perf_counter() - timing.started
         metrics.requests.labels(ROUTE, "none", str(status), upstream.name).inc()
         metrics.request_seconds.labels(ROUTE, "none").observe(elapsed)
-        metrics.upstream_seconds.labels(ROUTE, "none", upstream.name).observe(waited)
-        metrics.overhead_seconds.labels(ROUTE).observe(max(0.0, elapsed - waited))
+        metrics.upstream_seconds.labels(ROUTE, "none", upstream.name).observe(timing.upstream)
+        metrics.overhead_seconds.labels(ROUTE).observe(max(0.0, elapsed - timing.upstream))
 
 
 async def _target(request: web.Request, upstreams, tenant: str):

@@ -57,6 +57,13 @@ def _find_event_end(buffer: bytearray, start: int = 0) -> tuple[int, int]:
     return best, size
 
 
+def named_event(event: dict) -> bytes:
+    """`event` as an SSE event named by its ``type`` (the Responses and Messages streams)."""
+    kind = event.get("type")
+    head = f"event: {kind}\n".encode() if isinstance(kind, str) else b""
+    return head + b"data: " + orjson.dumps(event) + b"\n\n"
+
+
 def encode_event(payload: dict | str) -> bytes:
     data = payload if isinstance(payload, str) else orjson.dumps(payload).decode()
     return b"data: " + data.encode() + b"\n\n"

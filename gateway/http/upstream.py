@@ -14,7 +14,9 @@ has started, the caller tells it inside the stream instead (``gateway.http.sse.e
 from __future__ import annotations
 
 import asyncio
+import time
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 import aiohttp
@@ -42,6 +44,17 @@ ANTHROPIC_VERSION = "2023-06-01"
 SERVER_SET = frozenset({"server", "date"})
 
 
+@dataclass(slots=True)
+class Timing:
+    """Where the time of one request went; overhead = total - upstream."""
+
+    started: float = field(default_factory=time.perf_counter)
+    upstream: float = 0.0
+
+    def waiting(self, since: float) -> None:
+        self.upstream += time.perf_counter() - since
+
+
 class BodyReader:
     """Chunks of an upstream body, each within its deadline: the first within the first-byte
     timeout, every later one within the idle timeout. Transport failures and timeouts surface
@@ -59,11 +72,21 @@ class BodyReader:
         self._wait = self._idle
         return data
 
-    async def read(self) -> bytes:
-        parts = []
-        while chunk := await self.chunk():
-            parts.append(chunk)
-        return b"".join(parts)
+    async def chunks(self, timing: Timing | None = None) -> AsyncIterator[bytes]:
+        """The body's chunks as they arrive, until it ends: the one loop that reads an upstream
+        body (the pass-through's, every relay's, ``read``); `timing` counts the waits as the
+        upstream's time."""
+        while True:
+            t0 = time.perf_counter()
+            chunk = await self.chunk()
+            if timing is not None:
+                timing.waiting(t0)
+            if not chunk:
+                return
+            yield chunk
+
+    async def read(self, timing: Timing | None = None) -> bytes:
+        return b"".join([chunk async for chunk in self.chunks(timing)])
 
 
 class Upstream:

@@ -65,6 +65,23 @@ def state_summary(messages: list[dict], previous: str | None, state: dict, polic
     return render_state_summary(previous, extract_notes(messages), state, policy)
 
 
+KNOWN_SINCE = 64  # events a checkpoint names as already stored (those nearest the head suffice)
+
+
+def written_since(ledger, session_key: str, after: str) -> list[str]:
+    """The ids on the path to the session's newest event after `after` (newest first, at most
+    KNOWN_SINCE): what the session held, beyond the summarised request, when a checkpoint was
+    stored. Views take the furthest of them on a request's path as the checkpoint's earliest
+    adoption point, whichever branch or retry the request is on."""
+    record, out = ledger.session(session_key), []
+    current = record.head if record is not None else None
+    while current is not None and current != after and len(out) < KNOWN_SINCE:
+        out.append(current)
+        event = ledger.get(session_key, current)
+        current = event.parent if event is not None else None
+    return out
+
+
 class Summarizer:
     def __init__(self, *, upstream: Upstreams, checkpoints, counter: TokenCounter, metrics, workers: int, queue_size: int,
                  windows=None, config=None, ledger=None) -> None:
@@ -411,12 +428,11 @@ class Summarizer:
         summary_tokens = self.counter.count_text(summary or "")
         meta = {"after": job.ids[-1]}  # views adopt it at their first compaction event after this
         if job.mode != "sync" and self.ledger is not None:
-            # ...and after the session's newest event as it is stored: a job that finishes while
-            # the next request is already under way was not there when that request's view was
-            # built, so that request's event must not adopt it when a later request replays it.
-            record = await store_call(self.ledger.session, job.ref.key)
-            if record is not None and record.head:
-                meta["known_at"] = record.head
+            # ...and after every event the session already held when it was stored: a job that
+            # finishes while the next request is under way was not there when that request's
+            # view was built, so that request's event must not adopt it when a later request
+            # (or a retry of that one, which ends before the stored answer) replays it.
+            meta["known_since"] = await store_call(written_since, self.ledger, job.ref.key, job.ids[-1])
         cp = await store_call(
             self.checkpoints.add, job.ref.key, boundary=job.ids[end - 1], summary=summary or "", state=state, covered_tokens=covered_tokens,
             covered_events=end, model=model, mode=job.mode,

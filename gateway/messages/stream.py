@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from gateway.messages import adapter as fmt
+from gateway.http.sse import named_event as encode  # the named SSE event, shared with the other format
 from gateway.pipeline.stream_filter import Kind, Role
 
 USAGE_KEYS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
@@ -37,12 +38,6 @@ def _dict(value: Any) -> dict:
 def _text(obj: dict, key: str) -> str:
     value = obj.get(key)
     return value if isinstance(value, str) else ""
-
-
-def encode(event: dict) -> bytes:
-    kind = event.get("type")
-    head = f"event: {kind}\n".encode() if isinstance(kind, str) else b""
-    return head + b"data: " + orjson.dumps(event) + b"\n\n"
 
 
 def _count(value: Any) -> int | None:

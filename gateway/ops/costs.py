@@ -26,7 +26,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from policies.prices import OPENAI_CACHE, CacheRule, CacheUsage, Price, cache_rule, price_of, read_usage
 
-CALLERS = ("client", "recall", "summary")
 # OpenAI keeps a prefix 5-10 minutes after its last use (longer off-peak): the direct client of a
 # model without a longer TTL is given the generous end, so the saving is never overstated by an
 # early expiry.

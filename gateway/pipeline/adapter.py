@@ -76,9 +76,8 @@ class RecallStream(Protocol):
 class RecallAdapter(Protocol):
     """What the recall loop asks of the pipeline that serves the turn."""
 
-    drop: frozenset[str]  # the gateway's own request headers, never sent upstream
-
-    def transport(self, model: str) -> Any: ...
+    def call(self, request: web.Request, turn, body: bytes) -> Any:
+        """An async context manager: one upstream call, yielding (the response, its reader)."""
 
     async def record(self, turn, tenant: str | None = None) -> None: ...
 

@@ -23,6 +23,7 @@ from typing import AsyncIterator
 import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from gateway.http.upstream import BodyReader
 from gateway.pipeline.relay import upstream_events
 
 
@@ -100,8 +101,8 @@ class ChatTransport:
         return Reader(translated.chunks)
 
 
-class Reader:
-    """A translated body read like ``BodyReader``: ``chunk`` (b"" at the end) and ``read``."""
+class Reader(BodyReader):
+    """A translated body read like ``BodyReader`` (its ``read``): ``chunk`` (b"" at the end)."""
 
     def __init__(self, chunks: AsyncIterator[bytes]) -> None:
         self._chunks = chunks
@@ -112,22 +113,9 @@ class Reader:
         except StopAsyncIteration:
             return b""
 
-    async def read(self) -> bytes:
-        parts = []
-        while chunk := await self.chunk():
-            parts.append(chunk)
-        return b"".join(parts)
-
 
 async def once(payload: bytes) -> AsyncIterator[bytes]:
     yield payload
-
-
-async def chat_chunks(reader) -> AsyncIterator[list[dict | str]]:
-    """The upstream's chunk stream as lists of parsed events per network chunk: each a chunk
-    object, or the string "[DONE]"; what does not parse is skipped (``relay.upstream_events``)."""
-    async for _, events in upstream_events(reader):
-        yield events
 
 
 async def translated_stream(reader, writer, error_event) -> AsyncIterator[bytes]:
@@ -136,7 +124,7 @@ async def translated_stream(reader, writer, error_event) -> AsyncIterator[bytes]
     event through `error_event` (its error object -> the format's bytes), and the closing events
     once the stream said it was complete ([DONE] or a finish reason)."""
     done = False
-    async for events in chat_chunks(reader):
+    async for _, events in upstream_events(reader):  # parsed chunks and "[DONE]"; what does not parse is skipped
         out = bytearray()
         for event in events:
             if event == "[DONE]":

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,10 +25,10 @@ import orjson
 from aiohttp import web
 
 from gateway.pipeline import offload
-from gateway.pipeline.adapter import FormatPeer, StreamWatch
+from gateway.pipeline.adapter import FormatPeer
 from gateway.pipeline.bypass import BYPASS_HEADER, bypass_reason
 from gateway.pipeline.quota import StorageQuota
-from gateway.pipeline.relay import DONE, upstream_events
+from gateway.pipeline.relay import relay_stream, streamed
 from gateway.pipeline.turn import Timing, Turn, TurnRecorder
 from gateway.pipeline.views import View, ViewBuilder
 from gateway.http.errors import GatewayError, UpstreamIncomplete
@@ -71,11 +72,11 @@ class Pipeline:
         configured = self.settings.models.get(model)
         return self.peer.through_chat is not None and configured is not None and configured.api == "chat"
 
-    def transport(self, model: str):
-        """The upstream client for `model` (``post`` and ``reader``): the upstream that serves it,
-        seen through Chat Completions for a model configured with ``api = "chat"``."""
-        upstream = self.upstream.for_model(model)
-        return self.peer.through_chat(upstream) if self.via_chat(model) else upstream
+    def transport(self, turn: Turn):
+        """The upstream client for the turn (``post`` and ``reader``): the upstream that serves its
+        model, seen through Chat Completions when the turn goes to a chat-only model (``via_chat``)."""
+        upstream = self.upstream.for_model(turn.chat.model)
+        return self.peer.through_chat(upstream) if turn.via_chat else upstream
 
     async def record(self, turn: Turn, tenant: str | None = None) -> None:
         await self.recorder.answer(turn)
@@ -175,6 +176,15 @@ class Pipeline:
         await self.sync(request, chat, ids, ref)
         return await self.serve(request, self.turn(request, chat, ref, timing, view, auth, bypass))
 
+    async def forward(self, request: web.Request, timing: Timing, chat, path: str) -> web.StreamResponse:
+        """A request to another path of the format's API that the gateway neither rewrites nor
+        records (``/v1/responses/compact`` without a session): the client's body to `path` on its
+        model's upstream through the plain relay, with the same headers, key, metrics and log
+        line as any request, and the upstream's answer (an error included) as it came."""
+        turn = self.turn(request, chat, None, timing, View(), self.auth(request))
+        turn.path, turn.via_chat = path, False  # the provider's own endpoint: no chat-only translation
+        return await self.serve(request, turn)
+
     async def serve(self, request: web.Request, turn: Turn) -> web.StreamResponse:
         """The recall loop when the view carries recall tools, else the plain relay; observed
         and logged whatever happens."""
@@ -201,24 +211,30 @@ class Pipeline:
 
     # -- the plain relay -----------------------------------------------------------------------
 
-    async def relay(self, request: web.Request, turn: Turn) -> web.StreamResponse:
+    @asynccontextmanager
+    async def call(self, request: web.Request, turn: Turn, body: bytes):
+        """One upstream call of the turn, the plain relay's or a recall round's: `body` to the
+        turn's path on its transport, with the client's headers (but the gateway's own) and the
+        tenant's key; yields (the response, its reader), the wait for its head counted as the
+        upstream's time."""
+        transport = self.transport(turn)
         t0 = time.perf_counter()
+        async with transport.post(turn.path or self.peer.upstream_path(request), request.headers, body, drop=self.drop,
+                                  tenant_key=request.get(UPSTREAM_KEY, "")) as up:
+            turn.timing.waiting(t0)
+            yield up, transport.reader(up)
+
+    async def relay(self, request: web.Request, turn: Turn) -> web.StreamResponse:
         response: web.StreamResponse | None = None
-        transport = self.transport(turn.chat.model)
         try:
-            async with transport.post(self.peer.upstream_path(request), request.headers, self.peer.body(turn), drop=self.drop,
-                                      tenant_key=request.get(UPSTREAM_KEY, "")) as up:
-                turn.timing.waiting(t0)
-                reader = transport.reader(up)
+            async with self.call(request, turn, self.peer.body(turn)) as (up, reader):
                 headers = response_headers(up.headers, decoded=True)
                 headers.update(turn.headers)
-                if up.status != 200 or "text/event-stream" not in up.headers.get("Content-Type", ""):
+                if not streamed(up):
                     if up.status != 200:
                         self.metrics.upstream_error(up.status)
-                    t0 = time.perf_counter()
-                    payload = await reader.read()
-                    turn.timing.waiting(t0)
-                    if up.status == 200:
+                    payload = await reader.read(turn.timing)
+                    if up.status == 200 and not turn.path:
                         self._learn_payload(turn, payload)
                         self.recorder.bill(turn)
                         if turn.billed is not None:  # known before the body goes out: JSON answers only
@@ -227,7 +243,8 @@ class Pipeline:
                                                                          headers=headers))
                 response = web.StreamResponse(status=200, reason=up.reason, headers=headers)
                 await response.prepare(request)
-                watch = await self._pump(reader, response, turn)
+                watch = self.peer.watch()  # the answer read on the side
+                await relay_stream(reader, response, watch, turn.timing, passthrough=True)
                 if watch.final is None:
                     raise UpstreamIncomplete("The upstream's stream ended before the answer was complete.")
                 self.peer.learn(turn, watch.final)
@@ -245,18 +262,6 @@ class Pipeline:
         self.recorder.failed_in_stream(turn, error)
         await end_stream(response, self.peer.error_event(error))
         return response
-
-    async def _pump(self, reader, response: web.StreamResponse, turn: Turn) -> StreamWatch:
-        """Relay the upstream's bytes as they come; the answer read on the side."""
-        watch = self.peer.watch()
-        async for chunk, events in upstream_events(reader, turn.timing):
-            await response.write(chunk)
-            for event in events:
-                if event is DONE:
-                    watch.done()
-                else:
-                    watch.feed(event)
-        return watch
 
     def _learn_payload(self, turn: Turn, payload: bytes) -> None:
         try:

@@ -9,8 +9,9 @@ every upstream call of the turn. When one answer mixes client and recall calls, 
 
 One loop serves every format: the turn's format peer (``gateway/pipeline/adapter.py``) writes
 the bodies, reads each answer into a ``Reply`` and merges the turn's answers into the client's,
-in JSON and in streams; the pipeline that serves the turn (its ``RecallAdapter``) names the
-transport, records the answer and ends a failed stream.
+in JSON and in streams; the pipeline that serves the turn (its ``RecallAdapter``) makes each
+upstream call (``Pipeline.call``, the plain relay's too), records the answer and ends a failed
+stream.
 
 An upstream that refuses tools (an error naming them, on the turn's first call, for a client
 that sent none) gets the same view again without recall tools, and that model is not offered
@@ -25,16 +26,15 @@ not recorded; the provider's own error event is told with its message, type and 
 from __future__ import annotations
 
 import logging
-import time
 
 import orjson
 from aiohttp import web
 
 from gateway.http.errors import GatewayError, UpstreamIncomplete, UpstreamUnreachable
 from gateway.http.upstream import response_headers
-from gateway.keys import TENANT, UPSTREAM_KEY
+from gateway.keys import TENANT
 from gateway.pipeline.adapter import RecallAdapter, Reply
-from gateway.pipeline.relay import DONE, upstream_events
+from gateway.pipeline.relay import relay_stream, streamed
 from gateway.pipeline.turn import Turn, TurnRecorder, clean_usage
 from gateway.pipeline.views import ViewBuilder
 from gateway.recall.auto import add_recalled_history
@@ -70,19 +70,12 @@ class RecallLoop:
 
     # -- shared ------------------------------------------------------------------------------
 
-    def _open(self, request: web.Request, turn: Turn, adapter: RecallAdapter, body: bytes):
-        transport = adapter.transport(turn.chat.model)
-        return transport.post(turn.peer.upstream_path(request), request.headers, body, drop=adapter.drop,
-                              tenant_key=request.get(UPSTREAM_KEY, ""))
-
     async def _call_json(self, request: web.Request, turn: Turn, adapter: RecallAdapter, messages: list[dict],
                          with_recall: bool):
         """One non-streaming round: (status, reason, payload, headers), or None when the
         upstream refused the recall tools (marked on the turn: the caller asks again)."""
-        t0 = time.perf_counter()
-        async with self._open(request, turn, adapter, turn.peer.recall_body(turn, messages, with_recall, False)) as up:
-            payload = await adapter.transport(turn.chat.model).reader(up).read()
-            turn.timing.waiting(t0)
+        async with adapter.call(request, turn, turn.peer.recall_body(turn, messages, with_recall, False)) as (up, reader):
+            payload = await reader.read(turn.timing)
             headers = response_headers(up.headers, decoded=True)
             status, reason = up.status, up.reason
         if status != 200 and with_recall and self._refused_tools(turn, status, payload):
@@ -197,6 +190,8 @@ class RecallLoop:
             return await self._send(request, turn, adapter, status, reason, orjson.dumps(answer), headers, record=True)
 
     async def _send(self, request, turn, adapter, status, reason, payload, headers, record=False) -> web.StreamResponse:
+        if status != 200:
+            self.metrics.upstream_error(status)  # a round's status passed through, as the plain relay counts it
         headers.update(turn.headers)
         headers["x-palimpsest-recall-calls"] = str(turn.recall_calls)
         if turn.billed is not None and turn.usage is not None:
@@ -213,11 +208,8 @@ class RecallLoop:
         try:
             while True:
                 with_recall = self._with_recall(turn)
-                t0 = time.perf_counter()
-                async with self._open(request, turn, adapter, turn.peer.recall_body(turn, messages, with_recall, True)) as up:
-                    turn.timing.waiting(t0)
-                    reader = adapter.transport(turn.chat.model).reader(up)
-                    if up.status != 200 or "text/event-stream" not in up.headers.get("Content-Type", ""):
+                async with adapter.call(request, turn, turn.peer.recall_body(turn, messages, with_recall, True)) as (up, reader):
+                    if not streamed(up):
                         payload = await reader.read()
                         if response is None and with_recall and self._refused_tools(turn, up.status, payload):
                             turn.recall_refused = True
@@ -233,7 +225,7 @@ class RecallLoop:
                         headers.update(turn.headers)
                         response = web.StreamResponse(status=200, headers=headers)
                         await response.prepare(request)
-                    await self._relay_round(reader, turn, relay, response)
+                    await relay_stream(reader, response, relay, turn.timing)  # what the filter lets through
                 reply = relay.round_end()
                 if reply is None:
                     raise UpstreamIncomplete("The upstream's stream ended before the answer was complete.")
@@ -252,19 +244,3 @@ class RecallLoop:
                 return response
         except GatewayError as exc:
             return await adapter.stream_failed(response, turn, exc)
-
-    @staticmethod
-    async def _relay_round(reader, turn: Turn, relay, response: web.StreamResponse) -> None:
-        """One upstream stream through the turn's filter, written to the client as it comes (what
-        the filter let through before the provider's error event included)."""
-        async for _, events in upstream_events(reader, turn.timing):
-            out = bytearray()
-            try:
-                for event in events:
-                    if event is DONE:
-                        relay.done()
-                    else:
-                        out += relay.feed(event)
-            finally:
-                if out:
-                    await response.write(bytes(out))

@@ -18,6 +18,7 @@ from gateway.pipeline.request import ChatRequest
 from gateway.pipeline.request_form import stored as stored_form
 from gateway.pipeline.views import View
 from gateway.http.errors import GatewayError, UpstreamTimeout
+from gateway.http.upstream import Timing
 from gateway.ops.basis import of_turn as request_basis
 from gateway.ops.receipts import billed_units, build_receipt, compaction_event_here, stored as stored_receipt
 from policies.cost import cost_rates
@@ -78,17 +79,6 @@ def add_usage(total: dict | None, usage) -> dict | None:
 
 
 @dataclass(slots=True)
-class Timing:
-    """Where the time of one request went; overhead = total - upstream."""
-
-    started: float = field(default_factory=time.perf_counter)
-    upstream: float = 0.0
-
-    def waiting(self, since: float) -> None:
-        self.upstream += time.perf_counter() - since
-
-
-@dataclass(slots=True)
 class Turn:
     """One chat request on its way through the pipeline."""
 
@@ -121,6 +111,9 @@ class Turn:
     via_chat: bool = False  # the view went to a chat-only upstream as Chat Completions
     fork_headers: dict[str, str] | None = None  # the request's headers its format's fork repeats
     query: str = ""  # the request's query string (with fork_headers)
+    # Set for a request relayed to another path of the format's API (/v1/responses/compact without
+    # a session, Pipeline.forward): its answer is relayed as it came, neither read nor recorded.
+    path: str = ""
 
 
 class TurnRecorder:

@@ -185,8 +185,12 @@ class ViewBuilder:
             if pos is None:
                 continue
             index, index_tokens = self.hidden.index(chat, cp, pos, req.policy, req.budget, req.recall_names)
+            # Adopted at the first compaction event after the summarised request and after every
+            # event the session held when the checkpoint was stored ("known_at" is the head alone,
+            # as checkpoints stored before "known_since" have it).
             meta = cp.meta or {}
-            known = max(pos, positions.get(meta.get("after"), pos), positions.get(meta.get("known_at"), pos))
+            known = max(pos, positions.get(meta.get("after"), pos), positions.get(meta.get("known_at"), pos),
+                        *(positions.get(eid, pos) for eid in meta.get("known_since", ())))
             found.append(CheckpointInput(cp, cp.id, pos, known,
                                          cp.summary, cp.state, cp.mode == "sync", index, index_tokens))
         return found

@@ -352,9 +352,3 @@ def render_body(chat: ChatRequest, messages: list[dict], tools: list[dict] | Non
     if tools is not None:
         body["tools"] = tools
     return body
-
-
-def tool_result_items(results: list[dict]) -> list[dict]:
-    """Neutral tool results (the gateway's recall answers) as function_call_output items."""
-    return [{"type": "function_call_output", "call_id": r.get("tool_call_id"), "output": r.get("content") or ""}
-            for r in results]

@@ -22,7 +22,6 @@ from aiohttp import web
 
 from gateway.http.errors import BadRequest
 from gateway.http.gate import tenant_of
-from gateway.http.upstream import response_headers
 from gateway.keys import REQUEST_ID, UPSTREAM_KEY
 from gateway.pipeline.pipeline import Pipeline
 from store import call as store_call
@@ -130,15 +129,10 @@ class ResponsesRoutes:
         id or compaction item is refused before anything is sent or stored, as on
         ``/v1/responses``."""
         pipeline = self.pipeline
-        _, tenant, chat, ids = await pipeline.start(request)
+        timing, tenant, chat, ids = await pipeline.start(request)
         ref, ids, _ = await self.own_state(request, chat, tenant, ids)
-        if ref is None or not ids:
-            upstream = pipeline.upstream.for_model(chat.model)
-            async with upstream.post(pipeline.peer.path + "/compact", request.headers, chat.raw, drop=pipeline.drop,
-                                     tenant_key=request.get(UPSTREAM_KEY, "")) as up:
-                payload = await upstream.reader(up).read()
-                return web.Response(status=up.status, reason=up.reason, body=payload,
-                                    headers=response_headers(up.headers, decoded=True))
+        if ref is None or not ids:  # the provider's own endpoint, by the same relay as every request
+            return await pipeline.forward(request, timing, chat, pipeline.peer.path + "/compact")
         await pipeline.admit(request, chat, ids, ref)
         await pipeline.sync(request, chat, ids, ref)
         item = await self._compact(chat, ref, pipeline.auth(request))

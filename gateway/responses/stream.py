@@ -19,20 +19,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
+from gateway.http.sse import named_event as encode  # the named SSE event, shared with the other format
 from gateway.pipeline.stream_filter import Kind, Role
 from gateway.pipeline.turn import clean_usage
 from gateway.responses import adapter as fmt
 
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 OPENING = frozenset({"response.created", "response.in_progress", "response.queued"})
-
-
-def encode(event: dict) -> bytes:
-    kind = event.get("type")
-    head = f"event: {kind}\n".encode() if isinstance(kind, str) else b""
-    return head + b"data: " + orjson.dumps(event) + b"\n\n"
 
 
 def add_usage(total: dict | None, usage: Any) -> dict | None:

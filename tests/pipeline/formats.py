@@ -263,6 +263,13 @@ class Messages(Wire):
 WIRES = {w.name: w for w in (Chat(), Responses(), Messages())}
 
 
+def main_requests(upstream, wire: Wire) -> list[dict]:
+    """What the upstream received on the format's own route, summary calls left out."""
+    return [r["json"] for r in upstream.received
+            if r["path"].split("?")[0] == wire.path and r.get("json")
+            and r["headers"].get("x-palimpsest-purpose") != "summary"]
+
+
 async def run_loop(wire: Wire, http: aiohttp.ClientSession, base: str, session: str, steps: int, *,
                    key: str = "sk-client", tokens: int = 1800, model: str = "fake-32k") -> tuple[list, list[Answer]]:
     """An agent loop of `steps` tool calls: each answer must call the tool, each result scripts

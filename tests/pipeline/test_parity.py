@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from gateway.keys import LEDGER
-from tests.pipeline.formats import WIRES, run_loop
+from tests.pipeline.formats import WIRES, main_requests, run_loop
 from tests.support.agent import settle
 
 ECONOMY = {"profile": "economy", "summary_trigger_ratio": 0.3}
@@ -18,13 +18,6 @@ ECONOMY = {"profile": "economy", "summary_trigger_ratio": 0.3}
 SUMMARIES = {**ECONOMY, "cost_model": False}
 
 pytestmark = pytest.mark.parametrize("wire", list(WIRES.values()), ids=list(WIRES))
-
-
-def main_requests(upstream, wire) -> list[dict]:
-    """What the upstream received on the format's own route, summary calls left out."""
-    return [r["json"] for r in upstream.received
-            if r["path"].split("?")[0] == wire.path and r.get("json")
-            and r["headers"].get("x-palimpsest-purpose") != "summary"]
 
 
 async def test_the_palimpsest_headers_on_a_compacted_answer(wire, upstream, start_gateway):

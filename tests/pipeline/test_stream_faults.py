@@ -247,6 +247,16 @@ async def test_recall_round_failing_without_stream_is_an_error_status(gw, relay)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_a_recall_rounds_upstream_status_is_counted_once(gw, relay, stream):
+    relay[0].break_call, relay[0].fault = 2, "status"
+    result, _, _, _ = await run(gw, f"rec-503-{stream}", stream=stream)
+    assert isinstance(result, openai.APIError), result
+    # In the stream the status is told as an error event; either way it is the upstream's 503.
+    assert metric(gw, "palimpsest_upstream_errors_total", kind="503") == 1
+    assert answers_in_ledger(gw) == []
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 async def test_n_above_one_forwards_without_recall_and_keeps_choices_apart(gw, relay, stream):
     result, _, content, _ = await run(gw, f"many-{stream}", stream=stream, n=2)
     assert not isinstance(result, Exception), result

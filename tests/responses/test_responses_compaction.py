@@ -219,3 +219,33 @@ async def test_a_ledger_holding_a_summary_event_from_an_earlier_release_can_be_i
     gw.app[LEDGER].sync(SessionRef("sk-legacy", "legacy"), messages, model="fake-32k")
     record = next(r for r in gw.app[LEDGER].sessions() if r.session_id == "legacy")
     await assert_inspectable(gw, record)
+
+
+async def test_compact_without_a_session_goes_to_the_provider_like_every_request(start_gateway, upstream):
+    """No session and no state of the gateway's named: the provider's own /compact answers, by
+    the same relay as every request (the tenant's upstream key, the gateway's headers, counted
+    in the request metrics), its error passed through as it came."""
+    gw = await start_gateway(**gateway_config("responses"), upstream={"api_key": "sk-operator"},
+                             tenants={"beta": {"key": "pk-beta", "upstream_key": "sk-beta-own"}},
+                             server={"metrics_open": True})
+    headers = {"Authorization": "Bearer pk-beta", "X-Request-Id": "req-compact-1"}
+    body = {"model": "fake-32k", "input": [{"type": "message", "role": "user", "content": "hello there"}]}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{gw.base_url}/responses/compact", json=body, headers=headers) as response:
+            assert response.status == 200
+            assert response.headers["x-request-id"] == "req-compact-1"
+            compacted = await response.json()
+        huge = {"model": "fake-8k", "input": [{"type": "message", "role": "user", "content": "word " * 40_000}]}
+        async with http.post(f"{gw.base_url}/responses/compact", json=huge, headers=headers) as response:
+            refused_status, refused = response.status, await response.json()
+        async with http.get(gw.root + "/metrics") as r:
+            metrics = await r.text()
+    assert compacted["object"] == "response.compaction" and compacted["id"].startswith("resp_puppet")
+    assert [i["type"] for i in compacted["output"]] == ["message", "compaction"]
+    sent = [r for r in upstream.received if r["path"] == "/v1/responses/compact"]
+    assert len(sent) == 2 and all(r["headers"]["authorization"] == "Bearer sk-beta-own" for r in sent)
+    assert sent[0]["json"] == body
+    assert refused_status == 400 and refused["error"]["code"] == "context_length_exceeded"  # the provider's own
+    assert 'palimpsest_requests_total{model="fake-32k",route="responses",status="200",upstream="default"} 1.0' in metrics
+    assert 'route="responses",status="400"' in metrics
+    assert not [s for s in gw.app[LEDGER].sessions() if s.events]  # nothing stored: no session

@@ -175,6 +175,30 @@ def test_answer_is_committed_when_append_returns(tmp_path):
     ledger.close()
 
 
+def test_append_returns_the_event_as_stored_and_writes_an_answer_once(tmp_path):
+    """The Event `append` returns without reading it back is the one a read returns; an answer
+    appended again (another process wrote it, or a resend) is not written twice; a conflict
+    other than the event's own id (its seq taken) is an error, not a silent skip."""
+    ledger = Ledger(tmp_path)
+    ref = SessionRef("t", "s")
+    ids = ledger.sync(ref, HISTORY[:1]).ids
+    answer = {"role": "assistant", "content": "kept", "tool_calls": None}
+    event = ledger.append(ref, ids[-1], answer)
+    assert event == ledger.get(ref.key, event.id)
+    other = Ledger(tmp_path)  # a second process: its known-event cache is empty
+    assert other.append(ref, ids[-1], answer) == event
+    reader = sqlite3.connect(str(tmp_path / "ledger.sqlite3"))
+    assert reader.execute("SELECT COUNT(*) FROM events WHERE session_key = ?", (ref.key,)).fetchone()[0] == 2
+    assert reader.execute("SELECT events FROM sessions WHERE key = ?", (ref.key,)).fetchone()[0] == 2
+    reader.execute("UPDATE sessions SET events = events - 1 WHERE key = ?", (ref.key,))  # the next seq is taken
+    reader.commit()
+    reader.close()
+    with pytest.raises(sqlite3.IntegrityError):
+        other.append(ref, event.id, {"role": "user", "content": "next"})
+    ledger.close()
+    other.close()
+
+
 def test_deferred_answers_remain_available_as_an_option(tmp_path):
     ledger = Ledger(tmp_path, defer_answers=True)
     ref = SessionRef("t", "s")
