@@ -122,6 +122,9 @@ class PlanEvent:
     tokens_before: int  # the view as it would have been, appended
     tokens_after: int  # the view after the event
     checkpoint: int | None  # index into the marks of the checkpoint the view uses from here
+    # Decided on the rounds before ``round`` only (an early event, under the trigger): taken at
+    # the request on whose path ``round`` first appears, whatever that round grows to later.
+    early: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +194,7 @@ def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int
             if adopted[3] < view:
                 active, first, frontier, view = adopted
             if events is not None:
-                events.append(PlanEvent(n, "cost_model", int(before), int(view), active))
+                events.append(PlanEvent(n, "cost_model", int(before), int(view), active, early=True))
             continue
         if view <= high and n not in forced:
             continue
