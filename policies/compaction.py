@@ -14,6 +14,7 @@ and an appended turn never moves it backwards.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -97,10 +98,20 @@ def compaction_frontier_for(raw: list[int], compacted: list[int], fixed: int, po
 
 
 def _jump(raw: list[int], compacted: list[int], frontier: int, view: float, n: int, low: float,
-          policy: Policy) -> tuple[int, float]:
+          policy: Policy, gains: list[int] | None = None) -> tuple[int, float]:
     """A compaction event at round ``n``: the frontier moves at least ``compact_batch_rounds``
-    and until the view is down to ``low``, never into the newest ``compact_keep_rounds``."""
+    and until the view is down to ``low``, never into the newest ``compact_keep_rounds``.
+    ``gains``: the prefix sums of ``raw - compacted`` when no round grows once compacted (then
+    the frontier is found by bisection: the plan asks this of every round, issue 29)."""
     limit = n + 1 - policy.compaction_keep
+    if gains is not None:
+        if limit <= frontier:
+            return frontier, view
+        base = gains[frontier]
+        # The first round count after which the view is at or under `low`, then the batch floor.
+        moved = frontier if view <= low else bisect_left(gains, base + view - low, frontier, limit + 1)
+        moved = min(limit, max(moved, frontier + policy.compact_batch_rounds))
+        return moved, view - (gains[moved] - base)
     moved = frontier
     while moved < limit and (view > low or moved - frontier < policy.compact_batch_rounds):
         view -= raw[moved] - compacted[moved]
@@ -174,13 +185,18 @@ def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int
     forced = {round_of[m.after] for m in marks if m.forced and m.after < len(round_of)}
     grown = 0  # raw tokens of the rounds before this one: the session's observed growth
     sums = list(accumulate(compacted, initial=0))  # compacted tokens of rounds [a, b): sums[b] - sums[a]
+    raws = list(accumulate(raw, initial=0))  # the same of the raw rounds
+    # What compacting rounds [a, b) takes off the view: gains[b] - gains[a] (bisected by `_jump`
+    # when no round grows once compacted, as with placeholders only for big results).
+    gains = [r - c for r, c in zip(raws, sums)] if all(r >= c for r, c in zip(raw, compacted)) else None
+    sizes = (sums, raws, gains)
     for n, size in enumerate(raw):
         view += size
         # An early event (under the trigger): the interval rule says the rewrite pays
         # (``_early``). It is decided on the rounds before this one only, which no later request
         # changes (the newest round may still grow: an answer joins its user message), so every
         # later replay of the path takes the same event and no placeholder comes back raw.
-        early = None if n in forced else _early(raw, compacted, sums, fixed, marks, policy, rates, low, n, grown,
+        early = None if n in forced else _early(raw, compacted, sizes, fixed, marks, policy, rates, low, n, grown,
                                                 view - size, (active, first, frontier))
         grown += size
         if early is not None:
@@ -190,7 +206,7 @@ def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int
             # frontier forward: nothing comes back raw).
             # Only when it makes the view smaller: a summary block can be larger than the few
             # placeholders it would fold (the comparison does not depend on the newest round).
-            adopted = _adopt(raw, compacted, fixed, marks, round_of, n, active, first, frontier, view)
+            adopted = _adopt(sizes, fixed, marks, round_of, n, active, first, frontier, view)
             if adopted[3] < view:
                 active, first, frontier, view = adopted
             if events is not None:
@@ -199,8 +215,8 @@ def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int
         if view <= high and n not in forced:
             continue
         before = (active, first, frontier, view)
-        active, first, frontier, view = _adopt(raw, compacted, fixed, marks, round_of, n, active, first, frontier, view)
-        frontier, view = _jump(raw, compacted, frontier, view, n, low, policy)
+        active, first, frontier, view = _adopt(sizes, fixed, marks, round_of, n, active, first, frontier, view)
+        frontier, view = _jump(raw, compacted, frontier, view, n, low, policy, gains)
         if (policy.cost_model and n not in forced and before[3] <= must
                 and not event_pays(before[3], view, further_requests(n + 1), rates)):
             if events is not None:
@@ -212,21 +228,23 @@ def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int
     return active, frontier
 
 
-def _adopt(raw: list[int], compacted: list[int], fixed: int, marks: list[CheckpointMark], round_of: list[int],
+def _adopt(sizes: tuple, fixed: int, marks: list[CheckpointMark], round_of: list[int],
            n: int, active: int | None, first: int, frontier: int, view: float) -> tuple[int | None, int, int, float]:
     """At an event in round ``n``: the newest checkpoint that existed by then (``after`` in an
-    earlier round, or a forced one of this round), with the view it makes (rounds to ``n``)."""
+    earlier round, or a forced one of this round), with the view it makes (rounds to ``n``).
+    ``sizes``: the prefix sums of the compacted and the raw rounds (and the gains)."""
+    sums, raws, _ = sizes
     for i in range(len(marks) - 1, -1 if active is None else active, -1):
         mark = marks[i]
         if mark.after < len(round_of) and (round_of[mark.after] < n or mark.forced and round_of[mark.after] == n) \
                 and mark.boundary < len(round_of):
             first = round_of[mark.boundary] + 1
             frontier = max(frontier, first)
-            return i, first, frontier, fixed + mark.tokens + sum(compacted[first:frontier]) + sum(raw[frontier:n + 1])
+            return i, first, frontier, fixed + mark.tokens + sums[frontier] - sums[first] + raws[n + 1] - raws[frontier]
     return active, first, frontier, view
 
 
-def _early(raw: list[int], compacted: list[int], sums: list[int], fixed: int, marks: list[CheckpointMark], policy: Policy, rates,
+def _early(raw: list[int], compacted: list[int], sizes: tuple, fixed: int, marks: list[CheckpointMark], policy: Policy, rates,
            low: float, n: int, grown: int, view: float, state: tuple[int | None, int, int]) -> tuple[int, float] | None:
     """An early compaction event at round ``n``, decided on the rounds before it (``view``: the
     view of those rounds, ``grown``: their raw tokens), which no later request changes (the
@@ -239,10 +257,10 @@ def _early(raw: list[int], compacted: list[int], sums: list[int], fixed: int, ma
     if not policy.cost_model or n == 0 or view <= low:
         return None
     active, first, frontier = state
-    moved, after = _jump(raw, compacted, frontier, view, n, low, policy)
+    moved, after = _jump(raw, compacted, frontier, view, n, low, policy, sizes[2])
     if moved <= frontier:
         return None
-    kept = _kept((active, first, frontier, view), active, first, fixed, marks, sums)
+    kept = _kept((active, first, frontier, view), active, first, fixed, marks, sizes[0])
     if not event_pays(view, after, further_requests(n), rates, growth=grown / n, kept=kept):
         return None
     return moved, after

@@ -277,3 +277,25 @@ def test_plan_never_compacts_the_newest_rounds():
     for n in range(1, 20):
         _, frontier = plan_view(_rounds(n), [500] * n, [10] * n, 0, [], policy, 1000)
         assert frontier <= max(0, n - 3)
+
+
+def test_the_bisected_frontier_jump_moves_as_the_round_by_round_walk():
+    """``_jump`` with prefix sums of the gains (issue 29: the plan asks it of every round) lands
+    where walking the rounds one by one does, batch floor and protected rounds included."""
+    import random
+    from itertools import accumulate
+
+    from policies.compaction import _jump
+
+    rng = random.Random(29)
+    for _ in range(2000):
+        n = rng.randint(0, 40)
+        raw = [rng.randint(10, 3000) for _ in range(n + 1)]
+        compacted = [min(r, rng.randint(10, 200)) for r in raw]
+        gains = list(accumulate((r - c for r, c in zip(raw, compacted)), initial=0))
+        policy = Policy(profile=rng.choice(["economy", "balanced", "fidelity"]), compact_batch_rounds=rng.randint(1, 4))
+        frontier = rng.randint(0, n)
+        view = rng.randint(0, 60_000)  # a sum of token counts, as in plan_view
+        low = rng.uniform(0, 20_000)
+        walked = _jump(raw, compacted, frontier, view, n, low, policy)
+        assert _jump(raw, compacted, frontier, view, n, low, policy, gains) == walked
