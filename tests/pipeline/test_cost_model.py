@@ -51,10 +51,7 @@ async def test_a_long_conversation_that_fits_goes_as_it_came_without_summaries(s
 
 
 async def test_summary_call_resends_the_view_as_its_cached_prefix(start_gateway, upstream):
-    # cost_model off: no early compaction events. With them (issue 29) the forked call paid about
-    # 2k tokens uncached beyond what it adds on this session (cause not found yet); the cached
-    # share of 0.8 below holds for the trigger's schedule.
-    gw = await start_gateway(policy={"cost_model": False})
+    gw = await start_gateway()
     api = client(gw, "fork")
     await drive(api, synthetic_session(seed=4, rounds=40), model="fake-32k")
     await api.close()
