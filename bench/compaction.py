@@ -156,7 +156,7 @@ async def synthetic(args, mode: str, model: str = MODEL, window: int = WINDOW, p
 # --- 1b. agent loops: one user message, then dozens of tool calls ------------------------------
 
 
-LOOP_SHAPES = {"loop-1x64": (1, 64), "loop-3x30": (3, 30)}
+LOOP_SHAPES = {"loop-1x64": (1, 64), "loop-3x30": (3, 30), "loop-1x34": (1, 34)}
 
 
 async def loops(args, mode: str, workload: str) -> list[dict]:

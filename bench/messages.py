@@ -83,6 +83,19 @@ def meter(calls: list[tuple[str, Call]], phase: list[str]):
     return middleware
 
 
+def policy_keys(items: list[str]) -> dict:
+    """--policy KEY=VALUE items as [policy] keys (VALUE parsed as JSON, else a string)."""
+    import orjson
+    out = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        try:
+            out[key] = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            out[key] = value
+    return out
+
+
 async def serve(app: web.Application) -> tuple[web.AppRunner, str]:
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -193,7 +206,8 @@ async def main(args) -> None:
     prunner, purl = await serve(puppet)
     with tempfile.TemporaryDirectory() as tmp:
         settings = load_settings(None, upstream={"base_url": purl + "/v1", "format": "anthropic"},
-                                 store={"path": tmp}, policy={"profile": args.profile, "cache_write_rate": WRITE_RATE})
+                                 store={"path": tmp}, policy={"profile": args.profile, "cache_write_rate": WRITE_RATE,
+                                                                       **policy_keys(args.policy)})
         gapp = create_app(settings)
         grunner, gurl = await serve(gapp)
         direct = anthropic.AsyncAnthropic(base_url=purl, api_key="sk-bench", max_retries=0, timeout=120)
@@ -259,6 +273,8 @@ if __name__ == "__main__":
     parser.add_argument("--recall", type=int, default=10)
     parser.add_argument("--profile", default="balanced", help="the gateway policy profile (economy, balanced, fidelity)")
     parser.add_argument("--calls", action="store_true", help="print every metered call of the 32k gateway run")
+    parser.add_argument("--policy", action="append", default=[], metavar="KEY=VALUE",
+                        help="a [policy] key for the gateway (repeatable; VALUE parsed as JSON, else a string)")
     parser.add_argument("--seed", type=int, default=0, help="another sequence of tool-output sizes (0: the default one)")
     parser.add_argument("--write-rate", type=float, default=1.25, help="price of a cache write (2.0: Anthropic's 1-hour TTL)")
     asyncio.run(main(parser.parse_args()))

@@ -14,7 +14,9 @@ and an appended turn never moves it backwards.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 from policies.cost import cost_rates, event_pays, further_requests
 from policies.messages import content_text, tool_names_by_call_id, with_text
@@ -72,7 +74,7 @@ def truncation_marker(event_id: str | None, load_tool: str) -> str:
 
 def compaction_frontier(n_rounds: int, policy: Policy) -> int:
     """Without a budget: rounds before this index are eligible, in steps of compact_batch_rounds."""
-    unprotected = max(0, n_rounds - policy.keep_recent_rounds)
+    unprotected = max(0, n_rounds - policy.compaction_keep)
     return unprotected // policy.compact_batch_rounds * policy.compact_batch_rounds
 
 
@@ -82,7 +84,7 @@ def compaction_frontier_for(raw: list[int], compacted: list[int], fixed: int, po
     Replays the rounds in order from a view of ``fixed`` tokens: whenever the view passes
     ``compact_trigger_ratio * budget`` the frontier jumps, at least ``compact_batch_rounds``
     rounds and far enough to bring the view to ``view_target_ratio * budget``, but never into the
-    newest ``keep_recent_rounds``. Between jumps the prompt only grows at its end.
+    newest ``compact_keep_rounds``. Between jumps the prompt only grows at its end.
     """
     high = policy.compact_trigger_ratio * budget
     low = policy.view_target_ratio * budget
@@ -96,10 +98,20 @@ def compaction_frontier_for(raw: list[int], compacted: list[int], fixed: int, po
 
 
 def _jump(raw: list[int], compacted: list[int], frontier: int, view: float, n: int, low: float,
-          policy: Policy) -> tuple[int, float]:
+          policy: Policy, gains: list[int] | None = None) -> tuple[int, float]:
     """A compaction event at round ``n``: the frontier moves at least ``compact_batch_rounds``
-    and until the view is down to ``low``, never into the newest ``keep_recent_rounds``."""
-    limit = n + 1 - policy.keep_recent_rounds
+    and until the view is down to ``low``, never into the newest ``compact_keep_rounds``.
+    ``gains``: the prefix sums of ``raw - compacted`` when no round grows once compacted (then
+    the frontier is found by bisection: the plan asks this of every round, issue 29)."""
+    limit = n + 1 - policy.compaction_keep
+    if gains is not None:
+        if limit <= frontier:
+            return frontier, view
+        base = gains[frontier]
+        # The first round count after which the view is at or under `low`, then the batch floor.
+        moved = frontier if view <= low else bisect_left(gains, base + view - low, frontier, limit + 1)
+        moved = min(limit, max(moved, frontier + policy.compact_batch_rounds))
+        return moved, view - (gains[moved] - base)
     moved = frontier
     while moved < limit and (view > low or moved - frontier < policy.compact_batch_rounds):
         view -= raw[moved] - compacted[moved]
@@ -121,6 +133,9 @@ class PlanEvent:
     tokens_before: int  # the view as it would have been, appended
     tokens_after: int  # the view after the event
     checkpoint: int | None  # index into the marks of the checkpoint the view uses from here
+    # Decided on the rounds before ``round`` only (an early event, under the trigger): taken at
+    # the request on whose path ``round`` first appears, whatever that round grows to later.
+    early: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,20 +183,40 @@ def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int
     first = frontier = 0  # first round in the view; rounds before `frontier` are compacted
     view = fixed
     forced = {round_of[m.after] for m in marks if m.forced and m.after < len(round_of)}
+    grown = 0  # raw tokens of the rounds before this one: the session's observed growth
+    sums = list(accumulate(compacted, initial=0))  # compacted tokens of rounds [a, b): sums[b] - sums[a]
+    raws = list(accumulate(raw, initial=0))  # the same of the raw rounds
+    # What compacting rounds [a, b) takes off the view: gains[b] - gains[a] (bisected by `_jump`
+    # when no round grows once compacted, as with placeholders only for big results).
+    gains = [r - c for r, c in zip(raws, sums)] if all(r >= c for r, c in zip(raw, compacted)) else None
+    sizes = (sums, raws, gains)
     for n, size in enumerate(raw):
         view += size
+        # An early event (under the trigger): the interval rule says the rewrite pays
+        # (``_early``). It is decided on the rounds before this one only, which no later request
+        # changes (the newest round may still grow: an answer joins its user message), so every
+        # later replay of the path takes the same event and no placeholder comes back raw.
+        early = None if n in forced else _early(raw, compacted, sizes, fixed, marks, policy, rates, low, n, grown,
+                                                view - size, (active, first, frontier))
+        grown += size
+        if early is not None:
+            before, (frontier, view) = view, (early[0], early[1] + size)
+            # The prefix changes here anyway: the newest checkpoint that existed by then comes in
+            # with it (one that did not exist yet at an earlier request only moves `first` and the
+            # frontier forward: nothing comes back raw).
+            # Only when it makes the view smaller: a summary block can be larger than the few
+            # placeholders it would fold (the comparison does not depend on the newest round).
+            adopted = _adopt(sizes, fixed, marks, round_of, n, active, first, frontier, view)
+            if adopted[3] < view:
+                active, first, frontier, view = adopted
+            if events is not None:
+                events.append(PlanEvent(n, "cost_model", int(before), int(view), active, early=True))
+            continue
         if view <= high and n not in forced:
             continue
         before = (active, first, frontier, view)
-        for i in range(len(marks) - 1, -1 if active is None else active, -1):
-            mark = marks[i]
-            if mark.after < len(round_of) and (round_of[mark.after] < n or mark.forced and round_of[mark.after] == n) \
-                    and mark.boundary < len(round_of):
-                active, first = i, round_of[mark.boundary] + 1
-                frontier = max(frontier, first)
-                view = (fixed + mark.tokens + sum(compacted[first:frontier]) + sum(raw[frontier:n + 1]))
-                break
-        frontier, view = _jump(raw, compacted, frontier, view, n, low, policy)
+        active, first, frontier, view = _adopt(sizes, fixed, marks, round_of, n, active, first, frontier, view)
+        frontier, view = _jump(raw, compacted, frontier, view, n, low, policy, gains)
         if (policy.cost_model and n not in forced and before[3] <= must
                 and not event_pays(before[3], view, further_requests(n + 1), rates)):
             if events is not None:
@@ -191,6 +226,59 @@ def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int
             reason = ("window" if n in forced or before[3] > must else "cost_model" if policy.cost_model else "profile")
             events.append(PlanEvent(n, reason, int(before[3]), int(view), active))
     return active, frontier
+
+
+def _adopt(sizes: tuple, fixed: int, marks: list[CheckpointMark], round_of: list[int],
+           n: int, active: int | None, first: int, frontier: int, view: float) -> tuple[int | None, int, int, float]:
+    """At an event in round ``n``: the newest checkpoint that existed by then (``after`` in an
+    earlier round, or a forced one of this round), with the view it makes (rounds to ``n``).
+    ``sizes``: the prefix sums of the compacted and the raw rounds (and the gains)."""
+    sums, raws, _ = sizes
+    for i in range(len(marks) - 1, -1 if active is None else active, -1):
+        mark = marks[i]
+        if mark.after < len(round_of) and (round_of[mark.after] < n or mark.forced and round_of[mark.after] == n) \
+                and mark.boundary < len(round_of):
+            first = round_of[mark.boundary] + 1
+            frontier = max(frontier, first)
+            return i, first, frontier, fixed + mark.tokens + sums[frontier] - sums[first] + raws[n + 1] - raws[frontier]
+    return active, first, frontier, view
+
+
+def _early(raw: list[int], compacted: list[int], sizes: tuple, fixed: int, marks: list[CheckpointMark], policy: Policy, rates,
+           low: float, n: int, grown: int, view: float, state: tuple[int | None, int, int]) -> tuple[int, float] | None:
+    """An early compaction event at round ``n``, decided on the rounds before it (``view``: the
+    view of those rounds, ``grown``: their raw tokens), which no later request changes (the
+    newest round may still grow: an answer joins its user message): (frontier, view without
+    round ``n``) when the interval rule says it pays (``policies/cost.event_pays`` with the
+    session's growth per round and the prefix the event keeps), else None. Only with the cost
+    model, only over ``view_target_ratio`` (the event settles there), and it adopts no new
+    checkpoint (whether one exists yet can differ between requests: the decision does not
+    depend on it; the event adopts the newest one after it is taken)."""
+    if not policy.cost_model or n == 0 or view <= low:
+        return None
+    active, first, frontier = state
+    moved, after = _jump(raw, compacted, frontier, view, n, low, policy, sizes[2])
+    if moved <= frontier:
+        return None
+    kept = _kept((active, first, frontier, view), active, first, fixed, marks, sizes[0])
+    if not event_pays(view, after, further_requests(n), rates, growth=grown / n, kept=kept):
+        return None
+    return moved, after
+
+
+def _kept(before: tuple, active: int | None, first: int, fixed: int, marks: list[CheckpointMark],
+          sums: list[int]) -> int:
+    """The view's prefix an event leaves as it was (still read from the provider's cache): the
+    fixed part, the summary block and the rounds compacted already, when the event adopts no new
+    checkpoint; the fixed part when it does; nothing at the first event (the recall tools join
+    the view, and tools come first in a prompt)."""
+    was_active, was_first, was_frontier, _ = before
+    if was_active is None and was_frontier == 0:
+        return 0
+    if active != was_active or first != was_first:
+        return fixed
+    block = marks[active].tokens if active is not None else 0
+    return fixed + block + sums[was_frontier] - sums[first]
 
 
 def round_sizes(messages: list[dict], event_ids: list[str | None], policy: Policy, counter: TokenCounter,
@@ -291,7 +379,7 @@ def compact_tool_results(
     before it are eligible); else, with ``budget`` (and ``fixed_tokens``, what the view costs
     besides these messages), it follows the view's size (``compaction_frontier_for``); else it
     is every round but the protected ones, in batches (``compaction_frontier``). The newest
-    ``keep_recent_rounds`` are never eligible.
+    ``compact_keep_rounds`` are never eligible.
     """
     counts = [counter.count_message(m, k) for m, k in zip(messages, event_ids)]
     names = tool_names_by_call_id(messages)
@@ -300,7 +388,7 @@ def compact_tool_results(
     if frontier_at is not None:
         rounds = split_rounds(messages)
         frontier = sum(1 for _, end in rounds if end <= frontier_at)
-        frontier = max(0, min(frontier, len(rounds) - policy.keep_recent_rounds))
+        frontier = max(0, min(frontier, len(rounds) - policy.compaction_keep))
     else:
         rounds, raw, compacted = round_sizes(messages, event_ids, policy, counter, load_tool)
         if budget is None:

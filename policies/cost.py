@@ -152,14 +152,33 @@ def event_pays(before: float, after: float, further: float, rates: Rates, *, idl
     Without growth, the saving is priced over all of ``further``."""
     if after >= before:
         return False
-    saving = resent(before, rates) - resent(after, rates)  # on each later request
+    if idle:
+        saving = resent(before, rates) - resent(after, rates)
+        horizon = further
+        if growth > 0:
+            interval = event_interval(after, growth, rates, idle=idle, extra=extra, kept=kept)
+            if saving < rates.cached * growth * interval:
+                return False
+            horizon = min(further, max(1.0, interval))
+        return saving * horizon > event_price(before, after, rates, idle=idle, kept=kept) + extra
+    # The same figures as ``event_price`` and ``rewrite_premium``, each resent prefix priced once:
+    # view planning asks this of every round of the path (issue 29).
+    held = resent(before, rates)
+    settled = resent(after, rates)
+    saving = held - settled  # on each later request
+    kept = min(kept, after)
+    written = rates.write * (after - kept) if cacheable(after, rates) else after - kept
+    read = resent(kept, rates)
     horizon = further
     if growth > 0:
-        interval = event_interval(after, growth, rates, idle=idle, extra=extra, kept=kept)
-        if saving < rates.cached * growth * interval:
+        # The interval rule's test, saving >= c g L* with L* = sqrt(2 R / (c g)), squared.
+        premium = max(0.0, written + read - settled) + extra
+        step = rates.cached * growth
+        if saving < 0 or premium > 0 and saving * saving < 2 * premium * step:
             return False
+        interval = 0.0 if premium <= 0 else math.inf if step <= 0 else math.sqrt(2 * premium / step)
         horizon = min(further, max(1.0, interval))
-    return saving * horizon > event_price(before, after, rates, idle=idle, kept=kept) + extra
+    return saving * horizon > written + read - held + extra
 
 
 def summary_price(input_tokens: float, output_tokens: float, rates: Rates, *, cached_share: float = 0.0) -> float:

@@ -108,6 +108,11 @@ class ViewNotes:
     sync_wait: bool = False  # the request waited for a summary (over sync_compaction_ratio)
     dropped: list[str] | None = None  # event ids tailoring left out
     round_starts: list[int] | None = None  # the first message index of each API round on the path
+    # The first round new on this request's path: the rounds from the previous response (the
+    # newest assistant message) on, when one starts there (an answer after tool results, then the
+    # user's next message); the number of rounds when none does (an agent step only grows the
+    # newest round with its tool results).
+    new_from: int = 0
 
 
 @dataclass(slots=True)
@@ -268,8 +273,10 @@ def _notes(req: ViewRequest, tail, tail_ids, compacted, stats, record, start: in
                 origins[id(compacted[i])] = (kind, tail_ids[i], {
                     "tool": tool, "tokens_before": req.counter.count_message(tail[i], tail_ids[i])})
     summarised = list(req.ids[:start]) if record is not None else None
-    return ViewNotes(origins, record, summarised, state_only=state_only,
-                     round_starts=[a for a, _ in split_rounds(req.history)])
+    starts = [a for a, _ in split_rounds(req.history)]
+    answer = next((i for i in range(len(req.history) - 1, -1, -1) if req.history[i].get("role") == "assistant"), None)
+    new_from = 0 if answer is None else next((r for r, a in enumerate(starts) if a >= answer), len(starts))
+    return ViewNotes(origins, record, summarised, state_only=state_only, round_starts=starts, new_from=new_from)
 
 
 def settling_policy(policy: Policy, projection: Projection, budget: int) -> Policy:

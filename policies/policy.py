@@ -54,20 +54,20 @@ PROFILES: dict[str, dict[str, Any]] = {
     "economy": {
         "summary_trigger_ratio": 0.3, "sync_compaction_ratio": 0.7, "keep_recent_tokens": 8000,
         "keep_recent_share": 0.05, "compact_trigger_ratio": 0.35, "view_target_ratio": 0.05,
-        "summary_max_words": 400, "exact_values_limit": 15,
+        "summary_max_words": 400, "exact_values_limit": 15, "compact_keep_rounds": 1,
     },
     # Fit first: old tool payloads go early (they are recoverable), conversation is summarised
     # only down to a large raw tail, and a request that fits is not made to wait for a summary.
     "balanced": {
         "summary_trigger_ratio": 0.75, "sync_compaction_ratio": 0.85, "keep_recent_tokens": 96_000,
         "keep_recent_share": 0.65, "compact_trigger_ratio": 0.65, "view_target_ratio": 0.1,
-        "summary_max_words": 700, "exact_values_limit": 40,
+        "summary_max_words": 700, "exact_values_limit": 40, "compact_keep_rounds": 1,
     },
     # Nearly untouched until the window is nearly full; for models that must see everything.
     "fidelity": {
         "summary_trigger_ratio": 0.85, "sync_compaction_ratio": 0.92, "keep_recent_tokens": 1_000_000,
         "keep_recent_share": 0.75, "compact_trigger_ratio": 0.75, "view_target_ratio": 0.5,
-        "summary_max_words": 700, "exact_values_limit": 40,
+        "summary_max_words": 700, "exact_values_limit": 40, "compact_keep_rounds": 2,
     },
 }
 PROFILE_KEYS = frozenset(k for bundle in PROFILES.values() for k in bundle)
@@ -86,8 +86,17 @@ class Policy(BaseModel):
     )
     keep_recent_rounds: int = Field(
         2, ge=1,
-        description="Newest API rounds (an assistant message and the tool results answering it) never compacted and "
-        "always raw after a summary boundary: the model needs the live exchange verbatim.",
+        description="Newest API rounds (an assistant message and the tool results answering it) always raw after a "
+        "summary boundary: the model needs the live exchange verbatim (tool-result compaction: compact_keep_rounds).",
+    )
+    compact_keep_rounds: int | None = Field(
+        None, ge=1,
+        description="Newest API rounds whose tool results a compaction event leaves raw (the profile sets it: 1 in "
+        "economy and balanced, 2 in fidelity; unset: keep_recent_rounds, which keeps the raw tail after a summary "
+        "boundary). The newest round is the live exchange; an "
+        "older one the model has already answered, and every raw round an event leaves after its first new placeholder "
+        "is rewritten to the provider's cache at that event (issue 29, bench/README.md). Placeholders name the event "
+        "id to load them back.",
     )
     keep_recent_tokens: int = Field(
         96_000, ge=0,
@@ -269,6 +278,11 @@ class Policy(BaseModel):
                 f"'compact_trigger_ratio' {self.compact_trigger_ratio!r}. Compaction settles below its trigger."
             )
         return self
+
+    @property
+    def compaction_keep(self) -> int:
+        """The newest rounds tool-result compaction never touches (``compact_keep_rounds``)."""
+        return self.compact_keep_rounds if self.compact_keep_rounds is not None else self.keep_recent_rounds
 
     def for_budget(self, budget: int) -> Policy:
         """This policy with the raw-tail cap scaled to a window's budget."""

@@ -207,6 +207,12 @@ def item_blocks(message: dict, unchanged: bool = False) -> tuple[list[dict], boo
     return content_blocks(message.get("content")) or [{"type": "text", "text": ""}], False
 
 
+def wire_same(message: dict, blocks: list[dict]) -> bool:
+    """Whether ``blocks`` (from ``item_blocks``) are the client's own blocks of ``message``."""
+    items = wire_items(message, FORMAT)
+    return items is not None and len(items) == len(blocks) and all(a is b for a, b in zip(items, blocks))
+
+
 def _assistant_blocks(message: dict, items: list[dict] | None) -> list[dict]:
     """An assistant item the view changed (its text was cut): the client's blocks with the text
     replaced; thinking and tool_use blocks as they were. A new one (a recall call) is built."""
@@ -232,11 +238,13 @@ def _assistant_blocks(message: dict, items: list[dict] | None) -> list[dict]:
     return out
 
 
-def render_messages(messages: list[dict], own: frozenset[int] = frozenset()) -> tuple[list[dict], list[str]]:
+def render_messages(messages: list[dict], own: frozenset[int] = frozenset(),
+                    changed: list[dict] | None = None) -> tuple[list[dict], list[str]]:
     """(the ``messages`` array, the gateway's system texts) of a view. Consecutive user-side
     items become one user message, its tool_result blocks first. ``own``: the ``id()`` of the
     request's own items (the view passes unchanged items on as the same objects; any other
-    item is compared with what its wire form reads as)."""
+    item is compared with what its wire form reads as). ``changed``, when given, collects in
+    order the tool_result blocks the view rebuilt (compacted or cut results)."""
     out: list[dict] = []
     system: list[str] = []
     pending: list[tuple[str, list[dict], bool]] = []  # same-role entries waiting to be merged
@@ -280,6 +288,8 @@ def render_messages(messages: list[dict], own: frozenset[int] = frozenset()) -> 
         if pending and pending[0][0] != side:
             flush()
         blocks, string = item_blocks(message, id(message) in own)
+        if changed is not None and role == "tool" and id(message) not in own and not wire_same(message, blocks):
+            changed.extend(blocks)
         pending.append((side, blocks, string))
         after = (message.get("wire") or {}).get("after") if wire_items(message, FORMAT) is not None else None
         if after:
@@ -293,7 +303,8 @@ def render_body(chat: ChatRequest, messages: list[dict], tools: list[dict] | Non
     """The upstream body for a view: the client's body with ``messages`` (and ``tools``)
     replaced, the gateway's system blocks after the client's, and the cache breakpoints placed."""
     body = dict(chat.body)
-    body["messages"], extra = render_messages(messages, frozenset(map(id, chat.history)))
+    changed: list[dict] = []
+    body["messages"], extra = render_messages(messages, frozenset(map(id, chat.history)), changed)
     if tools is not None:
         body["tools"] = tools
     client_system = body.get("system")
@@ -301,7 +312,8 @@ def render_body(chat: ChatRequest, messages: list[dict], tools: list[dict] | Non
     if extra:
         body["system"] = [*(_blocks(client_system) if client_system else []),
                           *({"type": "text", "text": text} for text in extra)]
-    return place_breakpoints(body, client_system_blocks=own)
+    # The last result the view compacted ends the prefix that stays until the next compaction event.
+    return place_breakpoints(body, client_system_blocks=own, frontier=changed[-1] if changed else None)
 
 
 def tool_result_blocks(results: list[dict]) -> list[dict]:

@@ -7,7 +7,13 @@ plan keeps the prefix stable:
 1. the end of the client's tools and system (the prefix that never changes),
 2. the end of the gateway's system blocks (the summary block: it changes only at a
    compaction event),
-3. the newest message (the next request of an agent loop reads everything up to it).
+3. the end of the compacted rounds (the last tool result the view compacted): that prefix
+   stays as it is until the next compaction event, which appends new placeholders after it,
+   so the event reads it back instead of rewriting the whole conversation (issue 29);
+4. the newest message (the next request of an agent loop reads everything up to it).
+
+The compacted-rounds marker goes on only when the request has a marker left to spend: it never
+takes the place of one of the client's.
 
 The client's markers on its tools and system stay where it put them (that part goes upstream
 as it sent it); its markers inside ``messages`` are dropped, because they were placed for the
@@ -96,9 +102,28 @@ def count_breakpoints(body: dict) -> int:
             + sum(count(m.get("content")) for m in body.get("messages") or () if isinstance(m, dict)))
 
 
-def place_breakpoints(body: dict, *, client_system_blocks: int) -> dict:
+def _mark_block(messages: list, target: dict) -> bool:
+    """A marker on ``target`` (a block of one of ``messages``, by identity, in a copy), unless it
+    is in the newest message (marked already); False when it is not there."""
+    for m in range(len(messages) - 2, -1, -1):
+        message = messages[m]
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for b, block in enumerate(content):
+            if block is target:
+                blocks = list(content)
+                blocks[b] = {**block, "cache_control": dict(EPHEMERAL)}
+                messages[m] = {**message, "content": blocks}
+                return True
+    return False
+
+
+def place_breakpoints(body: dict, *, client_system_blocks: int, frontier: dict | None = None) -> dict:
     """``body`` (a shallow copy the caller owns) with the gateway's breakpoints placed. The first
-    ``client_system_blocks`` blocks of ``system`` are the client's, the rest the gateway's."""
+    ``client_system_blocks`` blocks of ``system`` are the client's, the rest the gateway's.
+    ``frontier``: the block of ``messages`` that ends the compacted rounds (marked when a marker
+    is left)."""
     body["messages"] = _strip_messages(body.get("messages") or [])
     _mark_newest(body["messages"])
     system = body.get("system")
@@ -133,4 +158,6 @@ def place_breakpoints(body: dict, *, client_system_blocks: int) -> dict:
             if excess > 0 and i not in keep and isinstance(block, dict) and "cache_control" in block:
                 block.pop("cache_control")
                 excess -= 1
+    if frontier is not None and "cache_control" not in frontier and count_breakpoints(body) < MAX_BREAKPOINTS:
+        _mark_block(body["messages"], frontier)
     return body

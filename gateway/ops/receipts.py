@@ -175,11 +175,17 @@ def billed_units(usage: CacheUsage | None, rates) -> float | None:
 
 
 def compaction_event_here(notes) -> bool:
-    """Did the view plan take a compaction event at this request's own (newest) round?"""
+    """Did the view plan take a compaction event at this request: in a round new on its path
+    (``notes.new_from`` on: a turn after tool results brings two, the answer and the user's
+    next message), or
+    in the newest round, which this request may have grown (an agent step's tool results), unless
+    the event was an early one (decided on the rounds before it: taken when the round first
+    appeared)?"""
     if notes is None or not notes.events or not notes.round_starts:
         return False
     newest = len(notes.round_starts) - 1
-    return any(e.round == newest and e.reason != "deferred" for e in notes.events)
+    return any(e.reason != "deferred" and (e.round >= notes.new_from or e.round == newest and not e.early)
+               for e in notes.events)
 
 
 def stored(receipt: dict, session_key: str, tenant: str) -> StoredReceipt:

@@ -67,9 +67,13 @@ async def test_long_turn_is_compacted_in_place_and_settles_below_the_window(star
     # The view settles well below the window instead of parking at its edge.
     sizes = [count_prompt(b) for b in bodies]
     assert statistics.median(sizes[20:]) <= 0.5 * WINDOW and max(sizes) <= 0.7 * WINDOW
-    # Placeholders move in batches: most requests extend the previous prompt.
-    appended = sum(cur["messages"][: len(prev["messages"])] == prev["messages"] for prev, cur in zip(bodies, bodies[1:]))
-    assert appended >= 0.6 * (len(bodies) - 1)
+    # An event rewrites only the end of the prompt (the rounds it compacts; since issue 29 the
+    # cost model compacts early and often when that is cheap): on average a request keeps
+    # nearly all of the previous one as its prefix, which the provider's cache serves.
+    def shared(prev: list, cur: list) -> int:
+        return next((i for i, (a, b) in enumerate(zip(prev, cur)) if a != b), min(len(prev), len(cur)))
+    kept = [shared(prev["messages"], cur["messages"]) / len(prev["messages"]) for prev, cur in zip(bodies, bodies[1:])]
+    assert statistics.mean(kept) >= 0.9
 
 
 async def test_summary_covers_part_of_the_current_turn_and_the_task_stays(start_gateway, upstream):
@@ -118,15 +122,16 @@ async def test_a_new_summary_waits_for_the_next_compaction_event(start_gateway, 
         # The summary came with a compaction event: raw results became placeholders (or old
         # placeholders were folded into the summary) in the very same request.
         assert placeholders(cur) != placeholders(prev)
-        # The event is decided on the view the request would have had by appending its new round
-        # (the previous request plus the newest call and result): the summary's view is smaller
-        # than that. (It need not be smaller than the previous request: when a summary lands just
-        # before an event, the event settles near view_target_ratio of the budget.)
+        # The event made the view smaller than appending the new round (the previous request plus
+        # the newest call and result) would have: a summary is adopted only where it shrinks the view.
         appended = dict(prev, messages=[*prev["messages"], *cur["messages"][-2:]])
         assert count_prompt(cur) < count_prompt(appended)
-        # ...which happens only when the view reaches the trigger (0.7 of the budget), not
-        # whenever a summary happens to finish.
-        assert count_prompt(appended) >= 0.5 * WINDOW
-    # Between events a request extends the previous one.
-    appended = sum(cur["messages"][: len(prev["messages"])] == prev["messages"] for prev, cur in zip(bodies, bodies[1:]))
-    assert appended >= 0.75 * (len(bodies) - 1)
+    # Summaries are fewer than events: most events only move placeholders (since issue 29 the
+    # cost model compacts early and often when that is cheap, and an event rewrites only the end
+    # of the prompt: a request keeps nearly all of the previous one as its prefix).
+    def shared(prev: list, cur: list) -> int:
+        return next((i for i, (a, b) in enumerate(zip(prev, cur)) if a != b), min(len(prev), len(cur)))
+    kept = [shared(prev["messages"], cur["messages"]) / len(prev["messages"]) for prev, cur in zip(bodies, bodies[1:])]
+    assert statistics.mean(kept) >= 0.9
+    events = sum(placeholders(cur) != placeholders(prev) for prev, cur in zip(bodies, bodies[1:]))
+    assert len(switches) < events

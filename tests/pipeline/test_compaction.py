@@ -114,7 +114,9 @@ async def test_summary_failure_never_fails_the_request(start_gateway, upstream):
 
 async def test_sync_path_waits_for_summary_and_reprojects(start_gateway, upstream):
     # Async jobs disabled: only the sync path can make checkpoints.
-    gw = await start_gateway(policy={"summary_trigger_ratio": 0.3, "sync_compaction_ratio": 0.3, "sync_budget_s": 30})
+    # cost_model off: no early compaction event (policies/compaction.py) keeps the view under the sync ratio.
+    gw = await start_gateway(policy={"summary_trigger_ratio": 0.3, "sync_compaction_ratio": 0.3, "sync_budget_s": 30,
+                                     "cost_model": False})
     gw.app[SUMMARIZER].after_turn = lambda *a, **k: None
     history, raw = await drive(client(gw, "sync"), synthetic_session(seed=5, rounds=30), model="fake-32k")
     key = gw.app[LEDGER].sessions()[0].key

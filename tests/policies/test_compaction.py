@@ -13,14 +13,14 @@ def tool_indices(messages):
 
 
 def test_frontier_moves_in_batches():
-    policy = Policy(keep_recent_rounds=3, compact_batch_rounds=4)
+    policy = Policy(keep_recent_rounds=3, compact_keep_rounds=3, compact_batch_rounds=4)
     assert [compaction_frontier(n, policy) for n in range(3, 16)] == [0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12]
 
 
 def test_old_large_results_become_placeholders(counter):
     msgs = session(8, result_words=600)
     ids = ids_for(msgs)
-    policy = Policy(keep_recent_rounds=3, compact_batch_rounds=4)
+    policy = Policy(keep_recent_rounds=3, compact_keep_rounds=3, compact_batch_rounds=4)
     out, stats = compact_tool_results(msgs, ids, policy, counter)
     rounds = split_rounds(msgs)
     assert len(rounds) == 16  # two API rounds per step: the call with its result, the answer
@@ -90,7 +90,7 @@ def test_huge_result_in_protected_round_is_truncated(counter):
     msgs = session(2, result_words=300) + [user("go"), assistant(None, [("big", "dump", {})]),
                                             result("big", payload(12000, seed=9))]
     ids = ids_for(msgs)
-    policy = Policy(compact_batch_rounds=4, max_result_tokens=1000)
+    policy = Policy(compact_batch_rounds=4, max_result_tokens=1000, keep_recent_rounds=2, compact_keep_rounds=2)
     out, stats = compact_tool_results(msgs, ids, policy, counter)
     text = out[-1]["content"]
     assert counter.count_text(text) < 1100
@@ -122,7 +122,7 @@ def test_event_ids_must_be_parallel(counter):
 def test_growing_conversation_keeps_prefix_stable(counter):
     """Prompt-cache stability: between frontier moves each turn only appends; compacted
     messages never change once compacted."""
-    policy = Policy(keep_recent_rounds=3, compact_batch_rounds=4)
+    policy = Policy(keep_recent_rounds=3, compact_keep_rounds=3, compact_batch_rounds=4)
     full = session(20, tools=2, result_words=500)
     ids = ids_for(full)
     ends = [e for _, e in split_rounds(full)]
@@ -175,7 +175,7 @@ def loop_turn(calls: int, words: int = 900) -> list[dict]:
 
 
 def test_frontier_jumps_to_the_target_when_the_trigger_is_passed():
-    policy = Policy(compact_trigger_ratio=0.5, view_target_ratio=0.25, keep_recent_rounds=2, compact_batch_rounds=1)
+    policy = Policy(compact_trigger_ratio=0.5, view_target_ratio=0.25, keep_recent_rounds=2, compact_keep_rounds=2, compact_batch_rounds=1)
     raw, compacted = [100] * 30, [10] * 30
     # Budget 1000: the view passes 500 at round 4, and must come down to 250.
     assert compaction_frontier_for(raw[:4], compacted[:4], 50, policy, 1000) == 0
@@ -193,7 +193,7 @@ def test_long_turn_settles_below_the_trigger_and_only_appends_between_jumps(coun
     """An agent loop of 60 calls under one user message: results inside the current turn become
     placeholders, in batches, and the view stays between the target and the trigger."""
     budget = 30_000
-    policy = Policy(compact_trigger_ratio=0.5, view_target_ratio=0.25, keep_recent_rounds=3)
+    policy = Policy(compact_trigger_ratio=0.5, view_target_ratio=0.25, keep_recent_rounds=3, compact_keep_rounds=3)
     full = loop_turn(60)
     ids = ids_for(full)
     previous = None
@@ -215,7 +215,7 @@ def test_long_turn_settles_below_the_trigger_and_only_appends_between_jumps(coun
 
 
 def test_compacted_tokens_count_only_rounds_with_placeholders(counter):
-    policy = Policy(compact_trigger_ratio=0.5, view_target_ratio=0.1, keep_recent_rounds=2)
+    policy = Policy(compact_trigger_ratio=0.5, view_target_ratio=0.1, keep_recent_rounds=2, compact_keep_rounds=2)
     chat = []
     for k in range(30):
         chat += [user(f"question {k} " + payload(300, seed=k)), assistant(f"answer {k}")]
@@ -237,7 +237,9 @@ def _rounds(n: int) -> list[tuple[int, int]]:
 
 
 def test_plan_adopts_a_new_checkpoint_at_the_next_event_not_before():
-    policy = Policy(compact_trigger_ratio=0.6, view_target_ratio=0.1, keep_recent_rounds=2, compact_batch_rounds=1)
+    # The trigger alone decides here (no early events, tests below): cost_model off.
+    policy = Policy(compact_trigger_ratio=0.6, view_target_ratio=0.1, keep_recent_rounds=2, compact_keep_rounds=2, compact_batch_rounds=1,
+                    cost_model=False)
     raw, compacted = [100] * 30, [10] * 30
     mark = CheckpointMark(boundary=9, after=11, tokens=50)  # covers rounds 0-4, known from round 5
     seen = []
@@ -258,20 +260,42 @@ def test_plan_adopts_a_new_checkpoint_at_the_next_event_not_before():
 
 
 def test_plan_keeps_an_unadopted_checkpoint_out_of_the_view_below_the_trigger():
-    policy = Policy(compact_trigger_ratio=0.9, view_target_ratio=0.1, keep_recent_rounds=2)
+    policy = Policy(compact_trigger_ratio=0.9, view_target_ratio=0.1, keep_recent_rounds=2, compact_keep_rounds=2, cost_model=False)
     mark = CheckpointMark(boundary=3, after=5, tokens=50)
     assert plan_view(_rounds(5), [100] * 5, [10] * 5, 0, [mark], policy, 1000) == (None, 0)
 
 
 def test_plan_adopts_a_sync_checkpoint_at_its_own_round():
-    policy = Policy(compact_trigger_ratio=0.9, view_target_ratio=0.1, keep_recent_rounds=2)
+    policy = Policy(compact_trigger_ratio=0.9, view_target_ratio=0.1, keep_recent_rounds=2, compact_keep_rounds=2)
     forced = CheckpointMark(boundary=3, after=9, tokens=50, forced=True)  # the request ending in round 4
     index, frontier = plan_view(_rounds(5), [100] * 5, [10] * 5, 0, [forced], policy, 1000)
     assert index == 0 and frontier >= 2
 
 
 def test_plan_never_compacts_the_newest_rounds():
-    policy = Policy(compact_trigger_ratio=0.2, view_target_ratio=0.01, keep_recent_rounds=3)
+    policy = Policy(compact_trigger_ratio=0.2, view_target_ratio=0.01, keep_recent_rounds=3, compact_keep_rounds=3)
     for n in range(1, 20):
         _, frontier = plan_view(_rounds(n), [500] * n, [10] * n, 0, [], policy, 1000)
         assert frontier <= max(0, n - 3)
+
+
+def test_the_bisected_frontier_jump_moves_as_the_round_by_round_walk():
+    """``_jump`` with prefix sums of the gains (issue 29: the plan asks it of every round) lands
+    where walking the rounds one by one does, batch floor and protected rounds included."""
+    import random
+    from itertools import accumulate
+
+    from policies.compaction import _jump
+
+    rng = random.Random(29)
+    for _ in range(2000):
+        n = rng.randint(0, 40)
+        raw = [rng.randint(10, 3000) for _ in range(n + 1)]
+        compacted = [min(r, rng.randint(10, 200)) for r in raw]
+        gains = list(accumulate((r - c for r, c in zip(raw, compacted)), initial=0))
+        policy = Policy(profile=rng.choice(["economy", "balanced", "fidelity"]), compact_batch_rounds=rng.randint(1, 4))
+        frontier = rng.randint(0, n)
+        view = rng.randint(0, 60_000)  # a sum of token counts, as in plan_view
+        low = rng.uniform(0, 20_000)
+        walked = _jump(raw, compacted, frontier, view, n, low, policy)
+        assert _jump(raw, compacted, frontier, view, n, low, policy, gains) == walked

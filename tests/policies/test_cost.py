@@ -77,7 +77,9 @@ def rounds_of(sizes: list[int]) -> list[tuple[int, int]]:
 
 
 def test_view_plan_skips_an_event_that_does_not_pay_and_takes_it_when_it_does():
-    policy = Policy(compact_trigger_ratio=0.5, view_target_ratio=0.1, sync_compaction_ratio=0.9,
+    # view_target_ratio 0.45: the rounds before the third stay under it, so no early event
+    # (the interval rule, tests below) comes first.
+    policy = Policy(compact_trigger_ratio=0.5, view_target_ratio=0.45, sync_compaction_ratio=0.9,
                     keep_recent_rounds=1, compact_batch_rounds=1, summary_trigger_ratio=0.5)
     budget = 10_000
     # Three rounds of 2,000 raw (200 once compacted): over the trigger at the third round, but
@@ -111,3 +113,47 @@ def test_a_fork_is_the_summary_form_only_where_re_reading_the_view_costs_less_th
     assert transcript_price(2_000, premium, written=True) == 2_500
     assert transcript_price(2_000, premium, written=False) == 2_000
     assert fork_pays(14_000, 700, 2_000, premium, written=True) is (0.1 * 14_000 + 700 <= 2_500)
+
+
+# --- early events: the interval rule under the trigger (issue 29) ------------------------------
+
+
+def _loop_plan(policy: Policy, n: int, raw_size: int = 1_500, last: int | None = None):
+    raw, compacted = [raw_size] * n, [40] * n
+    if last is not None:
+        raw[-1] = last
+    events: list = []
+    plan = plan_view(rounds_of(raw), raw, compacted, 2_000, [], policy, 30_000, events)
+    return plan, [e for e in events if e.reason != "deferred"]
+
+
+def test_an_event_that_rewrites_little_comes_before_the_trigger():
+    policy = Policy(compact_keep_rounds=1)
+    high = policy.compact_trigger_ratio * 30_000
+    _, events = _loop_plan(policy, 40)
+    assert events and all(e.reason == "cost_model" and e.tokens_before <= high for e in events)
+    # The view stays far under the trigger after the first event, so every request reads less.
+    assert max(e.tokens_before for e in events[1:]) < 0.5 * high
+    # Without the cost model the profile's trigger alone decides: events only over it.
+    _, off = _loop_plan(policy.model_copy(update={"cost_model": False}), 40)
+    assert off and all(e.tokens_before > high for e in off)
+
+
+def test_an_event_that_rewrites_more_waits_longer():
+    # Keeping 3 raw rounds, each event rewrites the 2 consumed ones it keeps: events are spaced out.
+    _, cheap = _loop_plan(Policy(compact_keep_rounds=1), 40)
+    _, dear = _loop_plan(Policy(compact_keep_rounds=3), 40)
+    assert len(dear) < len(cheap)
+    assert min(b.round - a.round for a, b in zip(dear[1:], dear[2:])) > 1
+
+
+def test_early_events_are_stable_as_the_path_grows():
+    """Each request's replay of the path (its newest round partial: an answer joins it later)
+    keeps every frontier an earlier request had: a placeholder never comes back raw."""
+    policy = Policy(compact_keep_rounds=1)
+    previous = 0
+    for n in range(1, 41):
+        (_, frontier), _ = _loop_plan(policy, n + 1, last=200)  # n complete rounds, the newest partial
+        assert frontier >= previous
+        previous = frontier
+    assert previous > 0
