@@ -284,3 +284,24 @@ async def run_loop(wire: Wire, http: aiohttp.ClientSession, base: str, session: 
         wire.add_answer(history, answer)
         wire.add_result(history, answer.calls[0][0], step_output(step, tokens, last=step == steps))
     return history, answers
+
+
+async def ask_back(wire: Wire, http: aiohttp.ClientSession, base: str, session: str, outputs, question: str, *,
+                   upstream, settle) -> tuple[Answer, list[dict]]:
+    """A chain whose tool results are ``outputs`` (each scripts the next call but the last), the
+    model's closing answer, then the user's ``question``: the answer to it and what the upstream
+    received for it (the recall rounds included). ``settle()`` is awaited before the question
+    (the suite's wait for the gateway's summary jobs)."""
+    history = wire.start(f"Run the chain. [[call {TOOL_NAME} {{\"command\": \"step 1\"}}]]")
+    for step, text in enumerate(outputs, 1):
+        answer = await wire.post(http, base, wire.body(history, stream=False), session=session)
+        assert answer.status == 200 and answer.calls, (step, answer.body)
+        wire.add_answer(history, answer)
+        wire.add_result(history, answer.calls[0][0], text)
+    reply = await wire.post(http, base, wire.body(history, stream=False), session=session)
+    wire.add_answer(history, reply)
+    await settle()
+    wire.add_user(history, question)
+    before = len(main_requests(upstream, wire))
+    answer = await wire.post(http, base, wire.body(history, stream=False), session=session)
+    return answer, main_requests(upstream, wire)[before:]

@@ -11,7 +11,7 @@ import random
 import aiohttp
 import pytest
 
-from tests.pipeline.formats import TOOL_NAME, WIRES
+from tests.pipeline.formats import TOOL_NAME, WIRES, ask_back
 from tests.support.agent import settle
 
 FACT = "NOTE the migration lives in /srv/app/migrations/0042_add_ledger.py"
@@ -33,31 +33,15 @@ def output(step: int) -> str:
     return "\n".join(lines)
 
 
-def sent(upstream, wire) -> list[dict]:
-    return [r["json"] for r in upstream.received
-            if r["path"].split("?")[0] == wire.path and r.get("json")
-            and r["headers"].get("x-palimpsest-purpose") != "summary"]
-
-
 @pytest.mark.parametrize("wire", list(WIRES.values()), ids=list(WIRES))
 async def test_a_word_on_every_listing_does_not_outrank_the_line_that_answers(wire, upstream, start_gateway):
     gw = await start_gateway(policy={"profile": "economy", "summary_trigger_ratio": 0.3})
     async with aiohttp.ClientSession() as http:
-        history = wire.start(f"Run the chain. [[call {TOOL_NAME} {{\"command\": \"step 1\"}}]]")
-        for step in range(1, STEPS + 1):
-            answer = await wire.post(http, gw.root, wire.body(history, stream=False), session="s-flat")
-            assert answer.status == 200 and answer.calls, (step, answer.body)
-            wire.add_answer(history, answer)
-            wire.add_result(history, answer.calls[0][0], output(step))
-        reply = await wire.post(http, gw.root, wire.body(history, stream=False), session="s-flat")
-        wire.add_answer(history, reply)
-        await settle(gw)
         # No word of the fact's line but "script", which the index gives every .py path.
-        wire.add_user(history, "RECALL: which scripts carry the relocation?")
-        before = len(sent(upstream, wire))
-        answer = await wire.post(http, gw.root, wire.body(history, stream=False), session="s-flat")
+        answer, rounds = await ask_back(wire, http, gw.root, "s-flat", [output(step) for step in range(1, STEPS + 1)],
+                                        "RECALL: which scripts carry the relocation?",
+                                        upstream=upstream, settle=lambda: settle(gw))
     assert answer.status == 200
-    rounds = sent(upstream, wire)[before:]
     # The fact was hidden from the view the model got, and came back as the answer.
     assert VALUE not in str(rounds[0]["messages"] if "messages" in rounds[0] else rounds[0].get("input"))
     assert VALUE in answer.text
