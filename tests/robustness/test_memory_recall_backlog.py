@@ -68,7 +68,10 @@ async def test_a_session_with_a_late_search_starts_no_other_until_it_ends(start_
 
 
 async def test_other_sessions_still_search_while_one_is_behind(start_gateway, upstream):
-    gw = await start_gateway(recall={"auto_tokens": 800, "auto_timeout_s": 0.2})
+    # The behind session's search waits out the timeout; the other session's first search must
+    # come back within it, so the timeout is generous (a fresh session's first search can take
+    # longer than 0.2 s on a loaded machine) and a search queued behind the stuck one still fails.
+    gw = await start_gateway(recall={"auto_tokens": 800, "auto_timeout_s": 5.0})
     slow, slow_history = await long_history(gw, session="auto-behind")
     fast, fast_history = await long_history(gw, session="auto-fine")
     await drained(gw)
