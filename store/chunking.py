@@ -10,13 +10,13 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-__all__ = ["content_words", "query_terms", "snippet", "split_chunks"]
+__all__ = ["STOP_WORDS", "content_words", "query_terms", "snippet", "split_chunks"]
 
 # How far back from a hard cut we look for whitespace, as a share of the chunk size.
 _BOUNDARY_SLACK = 0.2
 
 _TERM = re.compile(r"\w+")
-_STOP_WORDS = frozenset(
+STOP_WORDS = _STOP_WORDS = frozenset(
     "a an and are as at be by did do does for from had has have how i in is it its me my of on "
     "or our so that the their them there they this to was we were what when where which who "
     "why will with you your".split()

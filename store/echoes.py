@@ -11,6 +11,7 @@ import re
 
 from store.answer_types import has_candidate
 from store.kinds import strip
+from store.chunking import STOP_WORDS
 from store.passages import terms
 
 __all__ = ["echoed_events", "is_echo"]
@@ -23,6 +24,7 @@ __all__ = ["echoed_events", "is_echo"]
 ECHO_OVERLAP = 0.7
 QUESTION_OVERLAP = 0.6
 QUESTION_EXTRA_TERMS = 8
+STEM_FORMS = 5  # store.passages.stem: a word, or it with one of four suffixes
 
 
 def echoed_events(legs: list[list[dict]], query: str, kind: str | None) -> set[str]:
@@ -59,6 +61,15 @@ def is_echo(text: str, role: str, query: str, asked: set[str] | None = None) -> 
     tangerine-otter-42") may be the statement of it, and is an echo only when it asks or is the
     query word for word (an upper-case label such as "RECALL:" aside)."""
     asked = set(terms(query)) if asked is None else asked
+    if not asked:
+        return False
+    # Every echo has at most len(asked) + QUESTION_EXTRA_TERMS stems, and a stem at most
+    # STEM_FORMS written forms: a text with more distinct words than that is none, told by set
+    # operations before stemming its words (stemming every retrieved chunk was most of a
+    # search's fusion time).
+    written = {word for word in _words(_LABEL.sub("", text[:2000])) if len(word) > 1} - STOP_WORDS
+    if len(written) > STEM_FORMS * (len(asked) + QUESTION_EXTRA_TERMS) + 1:  # +1: a word cut at 2,000
+        return False
     own = set(terms(_LABEL.sub("", text[:4000])))
     if not own or not asked:
         return False
