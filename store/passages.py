@@ -90,7 +90,7 @@ def _pattern(wanted: tuple[str, ...]) -> re.Pattern[str]:
 
 
 # Words that frame a question about the conversation rather than name its subject ("I was going
-# through our previous chat and wondering ..."): two of them side by side are no phrase of it.
+# through our previous chat and wondering ..."): a pair holding one is no phrase of it.
 _FRAME = frozenset(
     "about again can chat checking conversation could discussed earlier follow going just "
     "know let like looking mentioned planning please previous previously recall remember remind "
