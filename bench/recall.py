@@ -71,7 +71,7 @@ def recall_trace(bodies: list[dict]) -> dict:
     the gateway appends each recall call and its result to the view."""
     if not bodies:
         return {"searches": 0, "loads": 0, "loaded": [], "search_results": [], "tool_errors": 0,
-                "from_passage": False, "with_passage": set()}
+                "from_passage": False, "with_passage": set(), "passage_texts": []}
     last = bodies[-1]["messages"]
     names: dict[str, str] = {}
     searches = loads = tool_errors = 0
@@ -79,6 +79,7 @@ def recall_trace(bodies: list[dict]) -> dict:
     passages: list[str] = []
     with_passage: set[str] = set()
     search_results: list[list[str]] = []
+    passage_texts: list[str] = []  # every passage of every search result, best hit first
     for m in last:
         for call in m.get("tool_calls") or ():
             name = call["function"]["name"]
@@ -106,11 +107,12 @@ def recall_trace(bodies: list[dict]) -> dict:
                 if top.get("passage"):
                     passages.append(top["event_id"])
                 with_passage.update(h["event_id"] for h in result.get("results", ()) if h.get("passage"))
+                passage_texts += [str(h["passage"]) for h in result.get("results", ()) if h.get("passage")]
     # A model that answered from the top hit's passage read that event without loading it.
     read = loaded if loads else passages[-1:]
     return {"searches": searches, "loads": loads, "loaded": read, "search_results": search_results,
             "tool_errors": tool_errors, "from_passage": not loads and bool(passages),
-            "with_passage": with_passage}
+            "with_passage": with_passage, "passage_texts": passage_texts}
 
 
 def words(text: str) -> list[str]:
@@ -236,6 +238,10 @@ async def lme_case(bench: Bench, client: Client, case: dict, *, stream: bool, st
         "evidence_available": loaded_ev or visible or auto_ev,
         "auto_block": bool(block), "auto_evidence": auto_ev, "direct_fits": full_tokens <= 32_000,
         "passage_evidence": bool(trace["with_passage"] & ev_ids),
+        # The gold answer's words in the text the search result put before the model: its top
+        # passage (what the puppet answers from) and all its passages (what a model reads).
+        "top_passage_words": word_recall(str(case["answer"]), trace["passage_texts"][0]) if trace["passage_texts"] else 0.0,
+        "result_words": word_recall(str(case["answer"]), " ".join(trace["passage_texts"])),
         "auto_word_recall": word_recall(str(case["answer"]), block) if block else 0.0,
         "from_passage": trace["from_passage"], "split": split_of(case["question_id"]),
         "answer_in_evidence": bool(answer) and any(answer[:300] in e for e in evidence),
@@ -279,6 +285,9 @@ def lme_summary(rows: list[dict]) -> dict:
         "auto_block": mean("auto_block"), "auto_evidence": mean("auto_evidence"),
         "direct_fits": mean("direct_fits"), "passage_evidence": mean("passage_evidence"),
         "auto_word_recall": mean("auto_word_recall"), "from_passage": mean("from_passage"),
+        "top_passage_words": mean("top_passage_words"), "result_words": mean("result_words"),
+        "result_words_full": sum(r["result_words"] >= 1.0 for r in rows) / n,
+        "top_passage_words_full": sum(r["top_passage_words"] >= 1.0 for r in rows) / n,
         "by_split": {split: {"n": len(part),
                              "loaded_evidence": sum(r["loaded_evidence"] for r in part) / len(part),
                              "evidence_available": sum(r["evidence_available"] for r in part) / len(part)}
@@ -579,6 +588,8 @@ def checks(result: dict) -> list[str]:
                    f"{ok(s['loaded_evidence'] >= 0.95)}")
         out.append(f"{'  ... in any passage of the search result (top 3)':<52} {'':<26} "
                    f"{format(s['passage_evidence'], '.3f'):<44}")
+        out.append(f"{'  gold answer words: top passage / whole result':<52} {'':<26} "
+                   f"{format(s['top_passage_words'], '.3f') + ' / ' + format(s['result_words'], '.3f') + ' (all words: ' + format(s['top_passage_words_full'], '.3f') + ' / ' + format(s['result_words_full'], '.3f') + ')':<44}")
         parts = ", ".join(f"{k} {v['evidence_available']:.3f}" for k, v in split.items())
         out.append(f"{'  ... read, in the view or in the auto block':<52} {'':<26} "
                    f"{format(s['evidence_available'], '.3f') + ' (' + parts + ')':<44} "

@@ -10,13 +10,13 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-__all__ = ["query_terms", "snippet", "split_chunks"]
+__all__ = ["STOP_WORDS", "content_words", "query_terms", "snippet", "split_chunks"]
 
 # How far back from a hard cut we look for whitespace, as a share of the chunk size.
 _BOUNDARY_SLACK = 0.2
 
 _TERM = re.compile(r"\w+")
-_STOP_WORDS = frozenset(
+STOP_WORDS = _STOP_WORDS = frozenset(
     "a an and are as at be by did do does for from had has have how i in is it its me my of on "
     "or our so that the their them there they this to was we were what when where which who "
     "why will with you your".split()
@@ -52,13 +52,15 @@ def split_chunks(text: str, chunk_chars: int = 1200, overlap_chars: int = 200) -
         start = space + 1 if space != -1 else next_start
 
 
+def content_words(text: str) -> list[str]:
+    """The words of `text` in order, lower-cased, without stop words (repeats kept)."""
+    return [term for term in _TERM.findall(text.lower())
+            if term not in _STOP_WORDS and (len(term) > 1 or term.isdigit())]
+
+
 def query_terms(query: str) -> list[str]:
     """The words of a query worth highlighting: lower-cased, no stop words, no duplicates."""
-    seen: dict[str, None] = {}
-    for term in _TERM.findall(query.lower()):
-        if term not in _STOP_WORDS and (len(term) > 1 or term.isdigit()):
-            seen.setdefault(term, None)
-    return list(seen)
+    return list(dict.fromkeys(content_words(query)))
 
 
 def snippet(text: str, query: str, width: int = 300) -> str:

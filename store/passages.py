@@ -16,9 +16,9 @@ import re
 from collections.abc import Iterable
 from functools import lru_cache
 
-from store.chunking import query_terms
+from store.chunking import STOP_WORDS, content_words, query_terms
 
-__all__ = ["best_line", "line_coverage", "stem", "terms"]
+__all__ = ["best_line", "line_coverage", "phrases_in", "query_phrases", "stem", "terms"]
 
 _WORD = re.compile(r"\w+")
 _SUFFIXES = ("ing", "ed", "es", "s")
@@ -87,3 +87,57 @@ def _pattern(wanted: tuple[str, ...]) -> re.Pattern[str]:
     alternatives = "|".join(re.escape(term) for term in sorted(wanted, key=len, reverse=True))
     suffixes = "|".join(_SUFFIXES)
     return re.compile(rf"\b({alternatives})(?:{suffixes})?\b")
+
+
+# Words that frame a question about the conversation rather than name its subject ("I was going
+# through our previous chat and wondering ..."): a pair holding one is no phrase of it.
+_FRAME = frozenset(
+    "about again can chat checking conversation could discussed earlier follow going just "
+    "know let like looking mentioned planning please previous previously recall remember remind "
+    "said talked tell thinking through told up want wanted wondering would".split()
+)
+
+
+def _phrase_word(word: str) -> str:
+    """`stem`, and a final "e" off ("assemble" and "assembled" both give "assembl")."""
+    word = stem(word)
+    return word[:-1] if len(word) > 4 and word.endswith("e") else word
+
+
+def query_phrases(query: str) -> frozenset[tuple[str, str]]:
+    """The query's adjacent content-word pairs ("IKEA bookshelf", "back-end programming"),
+    stop words skipped; a framing word ("previous conversation about") is in none of them."""
+    words = content_words(query)
+    return frozenset((_phrase_word(a), _phrase_word(b)) for a, b in zip(words, words[1:])
+                     if a not in _FRAME and b not in _FRAME and a != b)
+
+
+def phrases_in(texts: Iterable[str], phrases: frozenset[tuple[str, str]]) -> set[tuple[str, str]]:
+    """The query's `phrases` found as adjacent content words in any of `texts`: BM25 counts
+    words apart, so a turn naming "back-end programming languages" and one saying "front-end
+    and back-end development" many times look alike to it.
+
+    A pair is looked for only in a text holding both its stems (substring tests, C speed), then
+    by one regular expression: the words with the suffixes `_phrase_word` takes off, only stop
+    words and single letters between them (searching a few dozen retrieved chunks word by word
+    cost ~50 ms a search)."""
+    found: set[tuple[str, str]] = set()
+    patterns = _phrase_patterns(phrases)
+    for text in texts:
+        lowered = text.lower()
+        for pair, pattern in patterns:
+            if pair not in found and pair[0] in lowered and pair[1] in lowered and pattern.search(lowered):
+                found.add(pair)
+    return found
+
+
+_BETWEEN = "|".join(sorted(STOP_WORDS, key=len, reverse=True))
+
+
+@lru_cache(maxsize=64)
+def _phrase_patterns(phrases: frozenset[tuple[str, str]]) -> list[tuple[tuple[str, str], re.Pattern[str]]]:
+    def word(stemmed: str) -> str:
+        return rf"\b{re.escape(stemmed)}(?:e|ing|ed|es|s)?\b"
+
+    gap = rf"(?:\W+(?:{_BETWEEN}|[^\W\d])\b)*\W+"
+    return [(pair, re.compile(word(pair[0]) + gap + word(pair[1]))) for pair in sorted(phrases)]

@@ -63,15 +63,18 @@ def test_the_turn_stating_the_fact_outranks_the_one_that_talks_most_about_the_su
         _row("u2", "user", "a1", "By the way the bookshelf is from IKEA, it was on sale.", 8.0),
     ]
     query = "Where did I buy my new bookshelf?"
-    off = fuse([rows], query, 3, Ranking(answer_type=0.0))
+    # Phrases off: u1 alone holds the question's "new bookshelf" (Ranking.phrase outweighs the
+    # answer type there; store/ranking.py).
+    base = Ranking(phrase=0.0)
+    off = fuse([rows], query, 3, Ranking(answer_type=0.0, phrase=0.0))
     assert off[0].event_id == "u1"
-    on = fuse([rows], query, 3, Ranking())
+    on = fuse([rows], query, 3, base)
     assert on[0].event_id == "u2"
     assert on[0].score == pytest.approx(8.0 / 9.0 + Ranking().role_prior + Ranking().answer_type)
     # A question that names no answer type ranks as before.
     plain = "Tell me about my new bookshelf"
-    assert [h.event_id for h in fuse([rows], plain, 3, Ranking())] == [
-        h.event_id for h in fuse([rows], plain, 3, Ranking(answer_type=0.0))]
+    assert [h.event_id for h in fuse([rows], plain, 3, base)] == [
+        h.event_id for h in fuse([rows], plain, 3, Ranking(answer_type=0.0, phrase=0.0))]
 
 
 def test_a_tool_log_counts_a_candidate_only_on_the_line_that_holds_the_question():

@@ -6,7 +6,7 @@ import pytest
 
 from store.ranking import Ranking, asked_role, fuse, is_echo
 
-OFF = Ranking(role_prior=0.0, exchange=0.0)
+OFF = Ranking(role_prior=0.0, exchange=0.0, phrase=0.0)
 
 
 def _row(event_id: str, role: str, parent: str, text: str, **score: float) -> dict:
@@ -46,7 +46,8 @@ def test_a_question_about_the_assistants_words_ranks_the_reply_above_the_request
     assert [hit.event_id for hit in before][:2] == ["u1", "a1"]
     after = fuse([_chat()], QUESTION, 3, Ranking())
     assert after[0].event_id == "a1"
-    assert after[0].score == pytest.approx(1.0 + Ranking().role_prior)
+    # The request holds the question's phrase ("prompt parameters"); the reply takes it too.
+    assert after[0].score == pytest.approx(1.0 + Ranking().phrase + Ranking().role_prior)
     assert after[1].event_id == "u1"
 
 
@@ -102,9 +103,9 @@ def test_a_tool_log_whose_one_line_holds_the_question_ranks_above_logs_repeating
         _row("u1", "user", "", "Step 3: please read file on /srv/app/index/queue.py", _score=5.0),
     ]
     query = "Which file holds the migration?"
-    plain = Ranking(tool_lines=0.0, answer_type=0.0)
+    plain = Ranking(tool_lines=0.0, answer_type=0.0, phrase=0.0)  # the fact line's "holds the migration" is a phrase too
     assert [hit.event_id for hit in fuse([rows], query, 3, plain)] == ["t1", "u1", "t2"]
-    hits = fuse([rows], query, 3, Ranking(answer_type=0.0))
+    hits = fuse([rows], query, 3, Ranking(answer_type=0.0, phrase=0.0))
     assert hits[0].event_id == "t2"
     # A chat turn gets no line bonus: its score is the fused one.
     assert next(hit for hit in hits if hit.event_id == "u1").score == pytest.approx(5.0 / 6.0)
@@ -170,7 +171,7 @@ def test_a_bm25_leg_flat_over_many_events_does_not_outvote_the_line_that_holds_t
 def test_a_bm25_leg_with_a_clear_winner_keeps_its_full_weight():
     rows = [_row("u1", "user", "", "the staging deploy id is DEP-58213", _score=9.0)]
     rows += [_row(f"t{n}", "tool", f"a{n}", "deploy queue worker", _score=3.0) for n in range(8)]
-    hits = fuse([rows], "What is the staging deploy id?", 2, Ranking(tool_lines=0.0, answer_type=0.0))
+    hits = fuse([rows], "What is the staging deploy id?", 2, Ranking(tool_lines=0.0, answer_type=0.0, phrase=0.0))
     # (9 - 3) / 9 x 4 > 1: the margin caps at the full weight.
     assert hits[0].event_id == "u1" and hits[0].score == pytest.approx(1.0)
 
