@@ -26,6 +26,7 @@ request (tests, tools) shares the scope "".
 from __future__ import annotations
 
 import bisect
+import json
 import re
 import threading
 from collections import OrderedDict
@@ -125,6 +126,37 @@ def _objects(raw: bytes, at: int, ends: list[int]) -> int | None:
                 return token.start()
             if not depth:
                 ends.append(token.end())
+    return None
+
+
+def _python_dumps(item) -> bytes:
+    return json.dumps(item).encode()
+
+
+# How clients write JSON, tried in turn: (write one element, the separator between elements).
+# orjson's compact form is serde_json's, httpx's and orjson's; Python's json.dumps default
+# (", " and ": ", non-ASCII escaped) is the OpenAI SDK's over older httpx versions.
+_WRITERS = ((orjson.dumps, b","), (_python_dumps, b", "))
+
+
+def _written_ends(raw: bytes, at: int, value: list) -> list[int] | None:
+    """Where each element of the list starting at `at` ends, when the list is written as one of
+    ``_WRITERS`` writes it: each element written once and compared in place (C-level work,
+    where a scan of the text is Python's). None when neither writes it so."""
+    for write, sep in _WRITERS:
+        ends, offset = [], at
+        for i, item in enumerate(value):
+            piece = write(item)
+            if not raw.startswith(piece, offset):
+                break
+            offset += len(piece)
+            ends.append(offset)
+            closing = sep if i + 1 < len(value) else b"]"
+            if not raw.startswith(closing, offset):
+                break
+            offset += len(closing)
+        else:
+            return ends
     return None
 
 
@@ -255,10 +287,15 @@ class ListMemo:
             ends, at = spliced.ends, spliced.entry[1]
         else:
             at = _key_list(raw, self._quoted)
-            ends = []
-            close = None if at is None else _objects(raw, at, ends)
-            if close is None or len(ends) != len(value) or not all(type(item) is dict for item in value) \
-                    or _key_list(raw, self._quoted, close + 1, 1) is not None:
+            if at is None or not all(type(item) is dict for item in value):
+                return
+            ends = _written_ends(raw, at, value) if value else None
+            if ends is None:  # written some other way: scanned
+                ends = []
+                close = _objects(raw, at, ends)
+            else:
+                close = ends[-1]
+            if close is None or len(ends) != len(value) or _key_list(raw, self._quoted, close + 1, 1) is not None:
                 return
         scope = MEMO_SCOPE.get()
         with self._lock:
