@@ -314,9 +314,3 @@ def render_body(chat: ChatRequest, messages: list[dict], tools: list[dict] | Non
                           *({"type": "text", "text": text} for text in extra)]
     # The last result the view compacted ends the prefix that stays until the next compaction event.
     return place_breakpoints(body, client_system_blocks=own, frontier=changed[-1] if changed else None)
-
-
-def tool_result_blocks(results: list[dict]) -> list[dict]:
-    """Neutral tool results (the gateway's recall answers) as tool_result blocks."""
-    return [{"type": "tool_result", "tool_use_id": r.get("tool_call_id"), "content": r.get("content") or ""}
-            for r in results]

@@ -13,9 +13,10 @@ first). The memo holds the parsed histories it compares against; equal messages 
 ids, so it cannot mix anything between sessions: it returns exactly the ids ``path_ids``
 would. Requests are parsed in worker threads, hence the lock.
 
-``ListMemo`` remembers, the same way, what a format's parser made of an input list (the
-neutral items, and that they passed the declared shape), compared as JSON bytes: the resent part of a list is neither checked nor converted again, and comes back as the
-same neutral objects, whose ids the memo above then finds by identity.
+``ListMemo`` remembers, the same way, a format's big bodies and what its parser made of their
+input list (the neutral items, and that they passed the declared shape), compared as the
+bodies' bytes: the resent part of a list is neither parsed, checked nor converted again, and
+comes back as the same neutral objects, whose ids the memo above then finds by identity.
 
 Both memos are per tenant (``MEMO_SCOPE``, set by the tenant gate, gateway/http/gate.py): one
 tenant's requests never find, or time, another tenant's entries. Code that parses outside a
@@ -25,10 +26,15 @@ request (tests, tools) shares the scope "".
 from __future__ import annotations
 
 import bisect
+import json
+import re
 import threading
 from collections import OrderedDict
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from store.canonical import event_id
 
@@ -94,53 +100,220 @@ def _chain(ids: list[str], history: list[dict], start: int) -> list[str]:
     return ids
 
 
-class ListMemo:
-    """What a parser made of the JSON list it saw last for a conversation, reused for the part a
-    new request resends byte for byte. Keyed by (tenant, the list's first element as JSON);
-    each entry is the list as JSON (``orjson.dumps``: key order and number types kept), where
-    each element ends in it, and what the parser kept (its ``state``, never changed by anyone:
-    the parsed items in it are shared by every request that resends them). The byte budget
-    counts the request bodies; least recently used out first."""
+# A JSON string (escapes included) or a bracket: enough to find where a list's elements end
+# in text that orjson has parsed (or will parse) whole.
+_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[{}\[\]]', re.S)
+_WS = b" \t\r\n"
+_OPEN, _QUOTE = frozenset(b"{["), ord('"')
 
-    def __init__(self, *, min_bytes: int = MEMO_MIN_BYTES, budget_bytes: int = MEMO_BUDGET_BYTES) -> None:
+
+def _objects(raw: bytes, at: int, ends: list[int]) -> int | None:
+    """From `at` (inside a JSON list, after its '[' or after one of its elements), append where
+    each following element ends (just after its '}') to `ends`; the position of the list's
+    closing ']'. None when an element is a string (a number or literal is not seen at all:
+    callers compare the count with the parsed list's length)."""
+    depth = 0
+    for token in _TOKEN.finditer(raw, at):
+        first = raw[token.start()]
+        if first == _QUOTE:
+            if not depth:
+                return None
+        elif first in _OPEN:
+            depth += 1
+        else:
+            depth -= 1
+            if depth < 0:
+                return token.start()
+            if not depth:
+                ends.append(token.end())
+    return None
+
+
+def _python_dumps(item) -> bytes:
+    return json.dumps(item).encode()
+
+
+# How clients write JSON, tried in turn: (write one element, the separator between elements).
+# orjson's compact form is serde_json's, httpx's and orjson's; Python's json.dumps default
+# (", " and ": ", non-ASCII escaped) is the OpenAI SDK's over older httpx versions.
+_WRITERS = ((orjson.dumps, b","), (_python_dumps, b", "))
+
+
+def _written_ends(raw: bytes, at: int, value: list) -> list[int] | None:
+    """Where each element of the list starting at `at` ends, when the list is written as one of
+    ``_WRITERS`` writes it: each element written once and compared in place (C-level work,
+    where a scan of the text is Python's). None when neither writes it so."""
+    for write, sep in _WRITERS:
+        ends, offset = [], at
+        for i, item in enumerate(value):
+            piece = write(item)
+            if not raw.startswith(piece, offset):
+                break
+            offset += len(piece)
+            ends.append(offset)
+            closing = sep if i + 1 < len(value) else b"]"
+            if not raw.startswith(closing, offset):
+                break
+            offset += len(closing)
+        else:
+            return ends
+    return None
+
+
+def _key_list(raw: bytes, key: bytes, at: int = 0, depth: int = 0) -> int | None:
+    """Just after the '[' of the list the top-level `key` (its JSON, quotes included) names,
+    scanning from `at` at nesting `depth`; None when there is none."""
+    for token in _TOKEN.finditer(raw, at):
+        first = raw[token.start()]
+        if first == _QUOTE:
+            if depth == 1 and token.group() == key:
+                rest = raw[token.end():token.end() + 64].lstrip(_WS)
+                if rest[:1] == b":" and rest[1:].lstrip(_WS)[:1] == b"[":
+                    return raw.index(b"[", token.end()) + 1
+        elif first in _OPEN:
+            depth += 1
+        else:
+            depth -= 1
+    return None
+
+
+@dataclass(eq=False)
+class Splice:
+    """A body parsed from a remembered one: the parse, how many leading elements of its list
+    were taken from the remembered parse (byte for byte the same), what the format's parser
+    kept of that parse (`state`), and where each element of this body's list ends."""
+
+    body: dict
+    same: int
+    state: Any
+    ends: list[int]
+    entry: Any = None
+
+
+class ListMemo:
+    """The last big bodies of each tenant (``MEMO_SCOPE``) whose top-level `key` is a list of
+    objects, so that the next step of a conversation, which resends one of them but for its
+    end, is not parsed again whole: the longest remembered prefix of the new body's bytes is
+    found, the list's elements wholly inside it are taken from the remembered parse (the same
+    objects: nobody changes them), and only the rest is parsed (``orjson`` on the new elements
+    and on the fields after the list). The result is exactly what ``orjson.loads`` of the whole
+    body gives; anything unusual (a key twice, an element that is not an object, no shared
+    element) is parsed whole. Each entry also keeps what the format's parser made of the list
+    (its ``state``, never changed by anyone), reused for the same leading elements. The byte
+    budget counts the bodies; least recently used tenant out first."""
+
+    def __init__(self, key: str = "input", *, min_bytes: int = MEMO_MIN_BYTES, budget_bytes: int = MEMO_BUDGET_BYTES,
+                 per_scope: int = 8) -> None:
+        self.key = key
+        self._quoted = orjson.dumps(key)
         self.min_bytes = min_bytes
         self.budget_bytes = budget_bytes
+        self.per_scope = per_scope
         self._lock = threading.Lock()
-        self._recent: OrderedDict[tuple[str, bytes], tuple[bytes, list[int], Any, int]] = OrderedDict()
+        # scope -> entries, newest first: (raw, where the list starts, where its elements end, body, state)
+        self._recent: OrderedDict[str, list[tuple[bytes, int, list[int], dict, Any]]] = OrderedDict()
         self._bytes = 0
         self.reused = 0  # elements found in the memo (tests and benchmarks read it)
 
-    def lookup(self, first: bytes, blob: bytes) -> tuple[int, list[int], Any]:
-        """(how many leading elements of the list `blob` are those of the remembered list, where
-        they end in `blob`, the remembered state); (0, [], None) when none is."""
-        key = (MEMO_SCOPE.get(), first)
+    def parse(self, raw: bytes) -> Splice | None:
+        """`raw` spliced onto the remembered body it shares the most leading elements with;
+        None when none shares one (the caller parses it whole)."""
+        scope = MEMO_SCOPE.get()
         with self._lock:
-            known = self._recent.get(key)
-            if known is not None:
-                self._recent.move_to_end(key)
-        if known is None:
-            return 0, [], None
-        before, ends, state, _ = known
-        common = _common_prefix(blob, before)
-        # Element j is the same when its JSON and the separator after it are: a value's end is
-        # then where it was (a number's last digit is not taken for its end).
-        same = bisect.bisect_left(ends, common)
+            entries = list(self._recent.get(scope, ()))
+            if entries:
+                self._recent.move_to_end(scope)
+        best, common = None, 0
+        for entry in entries:
+            n = _common_prefix(raw, entry[0])
+            if n > common:
+                best, common = entry, n
+        if best is None:
+            return None
+        _, _, ends, body, state = best
+        same = bisect.bisect_right(ends, common)
+        if not same:
+            return None
+        try:
+            return self._splice(raw, best, same)
+        except orjson.JSONDecodeError:
+            return None  # parsed whole: its own error, at its own place
+
+    def _splice(self, raw: bytes, entry, same: int) -> Splice | None:
+        _, _, ends, before, state = entry
+        ends = ends[:same]
+        close = _objects(raw, ends[-1], ends)
+        if close is None:
+            return None
+        tail = raw[ends[same - 1]:close].strip(_WS)
+        new: list = []
+        if tail:
+            if tail[:1] != b"," or tail[1:].lstrip(_WS)[:1] != b"{":
+                return None
+            new = orjson.loads(b"[" + tail[1:] + b"]")
+        rest = raw[close + 1:].lstrip(_WS)
+        if rest[:1] == b",":
+            if rest[1:].lstrip(_WS)[:1] != b'"':
+                return None
+            after = orjson.loads(b"{" + rest[1:])
+        elif rest[:1] == b"}" and not rest[1:].strip(_WS):
+            after = {}
+        else:
+            return None
+        if len(new) != len(ends) - same or not all(type(item) is dict for item in new):
+            return None
+        body: dict = {}
+        for name, value in before.items():
+            if name == self.key:
+                break
+            body[name] = value
+        if self.key in after or not body.keys().isdisjoint(after):
+            return None  # a key twice: parsed whole, whose last value wins
+        body[self.key] = [*before[self.key][:same], *new]
+        body.update(after)
         with self._lock:
             self.reused += same
-        return same, ends[:same], state
+        return Splice(body, same, state, ends, entry)
 
-    def remember(self, first: bytes, blob: bytes, ends: list[int], state: Any, size: int) -> None:
-        key = (MEMO_SCOPE.get(), first)
+    def remember(self, raw: bytes, body: dict, state: Any, spliced: Splice | None = None) -> None:
+        """`raw` (parsed as `body`, through `spliced` when it was) and the parser's `state`; a body
+        whose list is not found, or not only objects, is not remembered."""
+        if len(raw) > self.budget_bytes:
+            return
+        value = body.get(self.key)
+        if not isinstance(value, list):
+            return
+        if spliced is not None:
+            ends, at = spliced.ends, spliced.entry[1]
+        else:
+            at = _key_list(raw, self._quoted)
+            if at is None or not all(type(item) is dict for item in value):
+                return
+            ends = _written_ends(raw, at, value) if value else None
+            if ends is None:  # written some other way: scanned
+                ends = []
+                close = _objects(raw, at, ends)
+            else:
+                close = ends[-1]
+            if close is None or len(ends) != len(value) or _key_list(raw, self._quoted, close + 1, 1) is not None:
+                return
+        scope = MEMO_SCOPE.get()
         with self._lock:
-            old = self._recent.pop(key, None)
-            if old is not None:
-                self._bytes -= old[3]
-            if size <= self.budget_bytes:
-                self._recent[key] = (blob, ends, state, size)
-                self._bytes += size
+            entries = self._recent.setdefault(scope, [])
+            self._recent.move_to_end(scope)
+            if spliced is not None and spliced.entry in entries:  # the conversation's next step replaces its last
+                entries.remove(spliced.entry)
+                self._bytes -= len(spliced.entry[0])
+            # The list copied: a later change to this request's list leaves the memo as it was.
+            entries.insert(0, (raw, at, ends, {**body, self.key: list(value)}, state))
+            self._bytes += len(raw)
+            while len(entries) > self.per_scope:
+                self._bytes -= len(entries.pop()[0])
             while self._bytes > self.budget_bytes and self._recent:
-                _, (_, _, _, dropped) = self._recent.popitem(last=False)
-                self._bytes -= dropped
+                oldest = next(iter(self._recent.values()))
+                self._bytes -= len(oldest.pop()[0])
+                if not oldest:
+                    self._recent.popitem(last=False)
 
 
 _CHUNK = 64 * 1024

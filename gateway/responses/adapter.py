@@ -43,24 +43,24 @@ def parse_responses_request(raw: bytes) -> ChatRequest:
     """The request body as a ChatRequest in the neutral model (a 400 naming the field on what
     does not have the declared shape, ``gateway/responses/shape.py``).
 
-    A big body's input is compared, as JSON bytes, with the list the tenant last sent starting
-    with the same item (``INPUTS``, gateway/pipeline/history_ids.py): the items an
-    agent resends byte for byte are neither checked nor converted again."""
-    body = json_object(raw, depth_checked_by_caller=True)
+    A big body is compared, byte for byte, with the tenant's last few (``INPUTS``,
+    gateway/pipeline/history_ids.py): the input items an agent resends are neither parsed,
+    checked nor converted again."""
+    spliced = INPUTS.parse(raw) if len(raw) >= INPUTS.min_bytes else None
+    if spliced is None:
+        body, same, before = json_object(raw, depth_checked_by_caller=True), 0, None
+    else:
+        body, same, before = spliced.body, spliced.same, spliced.state
     value = body.get("input")
     memo = isinstance(value, list) and bool(value) and len(raw) >= INPUTS.min_bytes
-    same, ends, before = 0, [], None
-    try:  # json_object's depth check, with the input list written once for it and for the memo
+    try:  # json_object's depth check: what was not resent, the input list one level down as in the body
         if memo:
-            # `[input]`: the list one level down, as in the body; compared as it is written.
-            blob, first = orjson.dumps([value]), orjson.dumps(value[0])
+            orjson.dumps([value[same:]])
             orjson.dumps({k: v for k, v in body.items() if k != "input"})
         else:
             orjson.dumps(body)
     except orjson.JSONEncodeError:
         raise BadRequest(TOO_DEEP) from None
-    if memo:
-        same, ends, before = INPUTS.lookup(first, blob)
     shape.STYLE.check(shape.REQUEST, body, (value, same))
     instructions = body.get("instructions")
     items = input_items(value)
@@ -76,13 +76,8 @@ def parse_responses_request(raw: bytes) -> ChatRequest:
     at: list[int] = []
     neutral_instructions, history = to_neutral(items, resume=resume, safe=safe if memo else None, at=at)
     if memo:
-        offset = ends[-1] + 1 if ends else 2  # after the two opening brackets or the previous element's comma
-        for item in value[same:]:  # where each new element ends in `blob`
-            ends.append(offset + len(orjson.dumps(item)))
-            offset = ends[-1] + 1
-        if offset == len(blob) - 1:  # then the two closing brackets; else the offsets are wrong: nothing is remembered
-            # Copies of the lists (not of the items): a later change to this request's lists leaves the memo as it was.
-            INPUTS.remember(first, blob, ends, (safe, list(neutral_instructions), list(history), at), len(raw))
+        # Copies of the lists (not of the items): a later change to this request's lists leaves the memo as it was.
+        INPUTS.remember(raw, body, (safe, list(neutral_instructions), list(history), at), spliced)
     # The request form's literals (gateway/responses/request_form.py): each system or developer
     # item where it stood among the history items, and a final compaction_trigger.
     literals = [[position, m["wire"]["items"][0]] for position, m in zip(at, neutral_instructions)]

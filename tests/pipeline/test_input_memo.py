@@ -1,7 +1,7 @@
 """The Responses parser's input memo (gateway/pipeline/history_ids.py, ``ListMemo``): a request
-that resends a big input list parses to exactly what parsing it from scratch gives, only the
-resent part (byte for byte) is taken from the memo, and one tenant's requests never use
-another tenant's entries."""
+that resends a big input list parses to exactly what parsing it from scratch gives (the body
+too, against ``orjson.loads``), only the resent part (byte for byte) is taken from the memo, and
+one tenant's requests never use another tenant's entries."""
 
 from __future__ import annotations
 
@@ -59,6 +59,7 @@ def scratch(raw: bytes):
 
 def assert_same_parse(raw: bytes):
     got, want = adapter.parse_responses_request(raw), scratch(raw)
+    assert orjson.dumps(got.body) == orjson.dumps(want.body) == orjson.dumps(orjson.loads(raw))
     assert orjson.dumps(got.instructions) == orjson.dumps(want.instructions)  # key order and types too
     assert orjson.dumps(got.history) == orjson.dumps(want.history)
     assert got.compact == want.compact
@@ -74,7 +75,7 @@ def test_a_resend_parses_as_from_scratch_and_reuses_the_resent_items(memo):
     assert memo.reused == 0
     resent = copy.deepcopy(base) + [{"type": "message", "role": "user", "content": "one more"}]
     second = assert_same_parse(body(resent))
-    assert memo.reused == len(base) - 1  # all but the last element (its ']' became a ',')
+    assert memo.reused == len(base)  # every element it resent, byte for byte (the ']' after the last is no part of it)
     # The resent items come back as the same neutral objects (the id memo then finds them by identity).
     assert sum(a is b for a, b in zip(first.history, second.history)) >= len(first.history) - 2
 
@@ -169,7 +170,7 @@ def test_the_memo_stays_within_its_budget(monkeypatch):
         assert len(raw) < 30_000
         adapter.parse_responses_request(raw)
         assert memo._bytes <= 30_000
-    assert 0 < len(memo._recent) < 12
+    assert 0 < sum(len(entries) for entries in memo._recent.values()) < 12
 
 
 def test_depth_is_refused_exactly_where_writing_the_whole_body_fails(memo):
@@ -191,3 +192,50 @@ def test_depth_is_refused_exactly_where_writing_the_whole_body_fails(memo):
         assert results[0] == results[1], depth
         outcomes[depth] = results[0]
     assert set(outcomes.values()) == {"ok", "too deep"}  # the limit lies inside the range tried
+
+
+def outcome(parse, raw: bytes):
+    """What a parser makes of `raw`: the body, instructions and history as JSON, or its 400."""
+    try:
+        chat = parse(raw)
+    except BadRequest as exc:
+        return "400: " + str(exc)
+    return orjson.dumps([chat.body, chat.instructions, chat.history])
+
+
+def test_the_resent_bytes_are_spliced_whatever_the_layout(memo):
+    """Spaces, indents, escapes and brackets inside strings, non-ASCII text, fields before and
+    after the list: each next step parses to what orjson gives for the whole body."""
+    base = items(8, 30)
+    base[3] = {**base[3], "output": 'a "quoted" ] } [ { \\ \u00e9\u6f22 \\"'}
+    for dump in (lambda b: json.dumps(b).encode(), lambda b: json.dumps(b, indent=2, ensure_ascii=False).encode(),
+                 orjson.dumps):
+        memo._recent.clear()
+        reused = memo.reused
+        history: list = []
+        for step in range(4):
+            history = [*history, *copy.deepcopy(base[step * 8:(step + 1) * 8])]
+            raw = dump({"model": "m", "instructions": "be brief", "input": history, "stream": step % 2 == 0,
+                        "tools": [{"type": "function", "name": f"t{step}", "parameters": {}}]})
+            assert outcome(adapter.parse_responses_request, raw) == outcome(scratch, raw)
+        assert memo.reused - reused >= 8 + 16 + 24  # each step's resent items came from the memo, in every layout
+
+
+@pytest.mark.parametrize("tail", [
+    b', {"type": "message", "role": "user", "content": "x"}], "model": "other"}',  # a key twice: the last wins
+    b', {"type": "message", "role": "user", "content": "x"}], "input": [{"type": "message", "role": "user", "content": "y"}]}',
+    b', "a string item"]}',
+    b', 5]}',
+    b', ]}',  # a trailing comma: not JSON
+    b'], }',
+    b', {"type": "message", "role": "user", "content": "x"}]} trailing',
+    b', {"type": "message", "role": "user", "content": "x"}',  # cut short
+    b', {"type": "message", "role": "user", "content": "x"}], "stream": true}',
+    b', {"type": "message", "role": "user", "content": "x"}]   }  ',
+])
+def test_whatever_follows_the_resent_items_parses_as_from_scratch(memo, tail):
+    base = items(9, 25)
+    whole = orjson.dumps({"model": "m", "input": base})
+    adapter.parse_responses_request(whole)
+    raw = whole[:whole.rindex(b"]")] + tail
+    assert outcome(adapter.parse_responses_request, raw) == outcome(scratch, raw)
