@@ -89,7 +89,6 @@ class Turn:
     view: View
     headers: dict[str, str] = field(default_factory=dict)
     answer: dict | None = None  # set only when the upstream's answer arrived complete
-    event: Any = None  # the answer's ledger event, once recorded (TurnRecorder.answer)
     usage: dict | None = None
     auth: dict[str, str] | None = None  # the client's credential headers, kept in memory for summary calls
     recall_calls: int = 0
@@ -131,22 +130,16 @@ class TurnRecorder:
         self.calibration = calibration
 
     async def answer(self, turn: Turn) -> None:
-        """Record the complete answer as the child of the request's last message: durable
-        before the client has it. What follows from it (``booked``) waits for ``observe``,
-        after the response."""
+        """Record the complete answer as the child of the request's last message."""
         if turn.ref is None or turn.answer is None:
             return
         parent = turn.chat.ids[-1] if turn.chat.ids else None
         try:
-            turn.event = await store_call(self.ledger.append, turn.ref, parent, turn.answer, defer=True)
+            event = await store_call(self.ledger.append, turn.ref, parent, turn.answer, defer=True)
         except Exception:
             log.exception("recording the answer failed")
             self.metrics.store_write_errors.labels("answer").inc()
-
-    def booked(self, turn: Turn) -> None:
-        """After the response: the recorded answer's summary decision, its entry in the turn
-        log and the indexer's note (none of them is part of the durability promise)."""
-        event = turn.event
+            return
         self.summaries.after_turn(turn, event)
         self.bill(turn)
         price = self.metrics.costs.price(turn.chat.model)
@@ -244,11 +237,7 @@ class TurnRecorder:
             m.arm_billed(arm, turn.chat.model, direct, "direct", rate)
 
     def observe(self, turn: Turn) -> None:
-        """After the response (the pipeline's last step, whatever happened): what the turn's
-        answer, figures and receipt leave behind."""
         m = self.metrics
-        if turn.event is not None:
-            self.booked(turn)
         if turn.status == 200:
             m.model_answered(turn.chat.model)
             turn.model_label = m.model_label(turn.chat.model)
