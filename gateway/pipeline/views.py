@@ -123,7 +123,7 @@ class ViewBuilder:
                     window=window, raw_estimate=raw_estimate, arm=holdout_arm(ref.key, policy.holdout_share))
         if view.arm == HOLDOUT:
             return view if view.client_tokens <= view.budget else Begun(req, view, checkpoints, positions)
-        if _untouched(checkpoints, positions, client_tokens, policy, budget):
+        if _untouched(newest_on_path(checkpoints, positions) is not None, client_tokens, policy, budget):
             return view  # short session: untouched, forwarded byte for byte
         return Begun(req, view, checkpoints, positions)
 
@@ -150,7 +150,7 @@ class ViewBuilder:
                 projection = planner.project(req, projection.found, projection.frontier, state_only=True)
                 projection.notes.events = events
         projection.notes.sync_wait = sync_wait
-        if self._previous_untouched(chat, req, checkpoints, positions):
+        if projection.notes.events and self._previous_untouched(chat, req, checkpoints, positions):
             # The previous request went as the client sent it, so every event of this plan (an
             # early one may lie in a round that request had already) is new to the upstream here.
             projection.notes.new_from = 0
@@ -175,10 +175,10 @@ class ViewBuilder:
         answer = next((i for i in range(len(history) - 1, -1, -1) if history[i].get("role") == "assistant"), None)
         if answer is None:
             return False
-        before = {eid: i for eid, i in positions.items() if i < answer}
+        on_path = any(positions.get(cp.boundary, answer) < answer for cp in checkpoints)
         raw = (self.counter.count_messages(chat.instructions) + self.counter.count_path(history[:answer], chat.ids[:answer])
                + req.tool_tokens(req.tools))
-        return _untouched(checkpoints, before, self.calibration.scale(chat.model, raw), req.policy, req.budget)
+        return _untouched(on_path, self.calibration.scale(chat.model, raw), req.policy, req.budget)
 
     def _gather(self, chat: ChatRequest, req: ViewRequest, checkpoints: list[Checkpoint], positions: dict[str, int]) -> None:
         """The planner's inputs besides the request's own: recall tools in the client's format,
@@ -299,7 +299,7 @@ class ViewBuilder:
         return planner.tool_tokens(self.counter, tools, chat.body.get("functions"))
 
 
-def _untouched(checkpoints: list[Checkpoint], positions: dict[str, int], client_tokens: int, policy, budget: int) -> bool:
+def _untouched(checkpoint_on_path: bool, client_tokens: int, policy, budget: int) -> bool:
     """The short-session rule: no checkpoint on the path and the request under both triggers."""
-    return newest_on_path(checkpoints, positions) is None and \
+    return not checkpoint_on_path and \
         client_tokens <= min(policy.summary_trigger_ratio, policy.compact_trigger_ratio) * budget
