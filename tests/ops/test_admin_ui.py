@@ -93,22 +93,45 @@ class Browser:
             await asyncio.sleep(0.1)
 
 
+async def _launch_chromium(chromium_path: str, profile: Path, log: Path, wait_s: float):
+    """Starts headless Chromium and returns (process, DevTools port), or (process, None) when it
+    exited or wrote no port file within wait_s. Its stderr goes to `log` for the failure message."""
+    with log.open("wb") as err:
+        proc = await asyncio.create_subprocess_exec(
+            chromium_path, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
+            "--disable-default-apps", "--window-size=1280,1600", "--remote-debugging-port=0",
+            f"--user-data-dir={profile}", "about:blank",
+            stdout=asyncio.subprocess.DEVNULL, stderr=err)
+    port_file = profile / "DevToolsActivePort"
+    deadline = asyncio.get_running_loop().time() + wait_s
+    while asyncio.get_running_loop().time() < deadline and proc.returncode is None:
+        if port_file.exists() and port_file.read_text().strip():
+            return proc, int(port_file.read_text().split()[0])
+        await asyncio.sleep(0.1)
+    return proc, None
+
+
+async def _stop(proc) -> None:
+    if proc.returncode is None:
+        proc.kill()
+        await proc.wait()
+
+
 @pytest.fixture
 async def browser(chromium_path, tmp_path):
-    profile = tmp_path / "chromium-profile"
-    proc = await asyncio.create_subprocess_exec(
-        chromium_path, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
-        "--disable-default-apps", "--window-size=1280,1600", "--remote-debugging-port=0",
-        f"--user-data-dir={profile}", "about:blank",
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    # A loaded CI machine once took over 30 s to bring Chromium up (no port file, no stderr kept), so
+    # the launch waits 60 s and is tried once more with a fresh profile before the test errors out
+    # with what Chromium printed.
+    for attempt in (1, 2):
+        log = tmp_path / f"chromium-{attempt}.log"
+        proc, port = await _launch_chromium(chromium_path, tmp_path / f"chromium-profile-{attempt}", log, 60.0)
+        if port is not None:
+            break
+        await _stop(proc)
+    else:
+        raise RuntimeError(f"chromium did not start (exit {proc.returncode}): {log.read_text(errors='replace')[-2000:]}")
     try:
-        port_file = Path(profile / "DevToolsActivePort")
-        for _ in range(300):
-            if port_file.exists() and port_file.read_text().strip():
-                break
-            await asyncio.sleep(0.1)
-        port = int(port_file.read_text().split()[0])
         async with aiohttp.ClientSession() as http:
             async with http.get(f"http://127.0.0.1:{port}/json/list") as r:
                 pages = [t for t in await r.json() if t["type"] == "page"]
