@@ -300,6 +300,11 @@ class ViewBuilder:
 
 
 def _untouched(checkpoint_on_path: bool, client_tokens: int, policy, budget: int) -> bool:
-    """The short-session rule: no checkpoint on the path and the request under both triggers."""
-    return not checkpoint_on_path and \
-        client_tokens <= min(policy.summary_trigger_ratio, policy.compact_trigger_ratio) * budget
+    """The short-session rule: no checkpoint on the path and the request under both triggers.
+    With the cost model on, also under ``view_target_ratio``: a conversation bigger than the
+    size an event settles at is planned, so the cost model's early events can price it (and
+    take none where none pays) instead of waiting for the trigger."""
+    gate = min(policy.summary_trigger_ratio, policy.compact_trigger_ratio)
+    if policy.cost_model:
+        gate = min(gate, policy.view_target_ratio)
+    return not checkpoint_on_path and client_tokens <= gate * budget

@@ -10,7 +10,7 @@ from __future__ import annotations
 import openai
 import orjson
 
-from simulator.messages_rules import blocks
+from simulator.messages_rules import MIN_CACHEABLE, blocks
 from simulator.workloads import agent_loop_session
 from tests.messages.test_messages import client_for, run_loop
 from tests.support.agent import drive_loop, drive_responses_loop, settle
@@ -132,11 +132,22 @@ async def test_messages_loop_compacts_early_and_reads_the_compacted_rounds_back(
         # An event that brings a new summary block rewrites from the system on (that is priced).
         same_head = previous is not None and (previous.get("system"), previous.get("tools")) == (body.get("system"), body.get("tools"))
         previous = body
-        if compacted and now - compacted and same_head:
+        if compacted and now - compacted and same_head and _cacheable(body, compacted):
             events += 1
             head = sum(t for key, t, _ in blocks(body) if key.startswith((b"tool:", b"system:")))
             reads_past_system += answer.usage.cache_read_input_tokens > head
         compacted |= now
-    # (The first such event may find the compacted prefix still under Anthropic's 1,024-token
-    # minimum, so nothing past the system was cacheable yet.)
-    assert events >= 3 and reads_past_system >= events - 1
+    assert events >= 3 and reads_past_system == events
+
+
+def _cacheable(body: dict, compacted: set[str]) -> bool:
+    """Does the prefix up to the last result compacted before this request reach Anthropic's
+    minimum cacheable prefix? Under it the previous request's breakpoint there wrote nothing,
+    so an event (early ones come while the compacted rounds are small) has nothing past the
+    system to read."""
+    cum = end = 0
+    for key, tokens, _ in blocks(body):
+        cum += tokens
+        if b'"type":"tool_result"' in key and any(f'"tool_use_id":"{cid}"'.encode() in key for cid in compacted):
+            end = cum
+    return end >= MIN_CACHEABLE
