@@ -6,6 +6,9 @@ window (the puppet rejects violations too, but a test may expect an error on pur
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,3 +91,24 @@ async def start_gateway(upstream, tmp_path):
 @pytest.fixture
 async def gateway(start_gateway):
     return await start_gateway()
+
+
+def _status_mb(field_name: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+if os.environ.get("PALIMPSEST_TEST_RSS"):
+    # Opt-in memory trace: one tab-separated line per test (RSS and peak RSS in MB after its
+    # teardown, threads alive, seconds) appended to the file PALIMPSEST_TEST_RSS names, so a
+    # run shows which tests grow the process and whether it is given back.
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        started = time.monotonic()
+        yield
+        with open(os.environ["PALIMPSEST_TEST_RSS"], "a") as out:
+            out.write(f"{item.nodeid}\t{_status_mb('VmRSS'):.0f}\t{_status_mb('VmHWM'):.0f}\t"
+                      f"{threading.active_count()}\t{time.monotonic() - started:.2f}\n")
