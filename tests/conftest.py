@@ -6,6 +6,7 @@ window (the puppet rejects violations too, but a test may expect an error on pur
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -103,12 +104,23 @@ def _status_mb(field_name: str) -> float:
 
 if os.environ.get("PALIMPSEST_TEST_RSS"):
     # Opt-in memory trace: one tab-separated line per test (RSS and peak RSS in MB after its
-    # teardown, threads alive, seconds) appended to the file PALIMPSEST_TEST_RSS names, so a
-    # run shows which tests grow the process and whether it is given back.
+    # teardown, threads alive, seconds, of which in Python's cyclic garbage collector) appended
+    # to the file PALIMPSEST_TEST_RSS names, so a run shows which tests grow the process and
+    # whether it is given back (a collection's cost grows with every object still alive).
+    _gc_seconds = [0.0, 0.0]  # total, start of the running collection
+
+    def _time_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            _gc_seconds[1] = time.perf_counter()
+        else:
+            _gc_seconds[0] += time.perf_counter() - _gc_seconds[1]
+
+    gc.callbacks.append(_time_gc)
+
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(item, nextitem):
-        started = time.monotonic()
+        started, in_gc = time.monotonic(), _gc_seconds[0]
         yield
         with open(os.environ["PALIMPSEST_TEST_RSS"], "a") as out:
             out.write(f"{item.nodeid}\t{_status_mb('VmRSS'):.0f}\t{_status_mb('VmHWM'):.0f}\t"
-                      f"{threading.active_count()}\t{time.monotonic() - started:.2f}\n")
+                      f"{threading.active_count()}\t{time.monotonic() - started:.2f}\t{_gc_seconds[0] - in_gc:.2f}\n")
