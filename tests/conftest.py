@@ -17,8 +17,14 @@ import pytest
 from aiohttp import web
 
 from gateway.app import create_app
+from gateway.ops import memory
 from simulator.puppet import PUPPET_STATE, RECEIVED, create_puppet_app
-from gateway.settings import Settings, load_settings
+from gateway.settings import ServerSettings, Settings, load_settings
+
+# The test process's heap under the malloc arenas `palimpsest serve` runs with (gateway/ops/memory.py):
+# with glibc's default of 8 per core the suite's gateways, LanceDB and worker threads left
+# hundreds of MB free in arenas no other thread reused (tests/recall: 937 -> 664 MB peak).
+memory.limit_arenas(ServerSettings().malloc_arena_max)
 
 
 @dataclass
