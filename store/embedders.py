@@ -53,12 +53,21 @@ def normalise(vectors: np.ndarray) -> np.ndarray:
     return np.divide(vectors, norms, out=np.zeros_like(vectors), where=norms > 0)
 
 
+# WordLlama models by (config, dim), loaded once per process: their weights are only read, so
+# every embedder of a config shares one copy. A process that starts several gateways (tests,
+# benchmarks) loaded ~30 MB and ~0.4 s per gateway that searched, and the copies freed with a
+# closed gateway fragmented the heap rather than returning to the kernel.
+_WORDLLAMA_MODELS: dict[tuple[str, int], WordLlamaInference] = {}
+_WORDLLAMA_LOCK = threading.Lock()
+
+
 class WordLlamaEmbedder:
     """WordLlama static token embeddings, mean-pooled: ~0.5 ms per query on one core.
 
     The model loads on first use, not at construction, so building the gateway stays fast and
-    a process that never searches never pays for it. Loading is guarded by a lock because the
-    first embeds may arrive concurrently from several worker threads.
+    a process that never searches never pays for it; it is shared by every embedder of the same
+    config in the process. Loading is guarded by a lock because the first embeds may arrive
+    concurrently from several worker threads.
     """
 
     def __init__(self, config: str = "l2_supercat", dim: int = 256) -> None:
@@ -66,21 +75,22 @@ class WordLlamaEmbedder:
         self.name = f"wordllama/{config}/{dim}"
         self._config = config
         self._model: WordLlamaInference | None = None
-        self._load_lock = threading.Lock()
 
     def _loaded(self) -> WordLlamaInference:
         if self._model is None:
-            with self._load_lock:
-                if self._model is None:
+            with _WORDLLAMA_LOCK:
+                model = _WORDLLAMA_MODELS.get((self._config, self.dim))
+                if model is None:
                     wordllama = _import_wordllama()
 
                     # The weights and tokenizer are package data; never reach for Hugging Face.
-                    self._model = wordllama.WordLlama.load(
+                    model = _WORDLLAMA_MODELS[(self._config, self.dim)] = wordllama.WordLlama.load(
                         config=self._config,
                         dim=self.dim,
                         cache_dir=os.path.dirname(wordllama.__file__),
                         disable_download=True,
                     )
+                self._model = model
         return self._model
 
     def _embed_blocking(self, texts: list[str]) -> np.ndarray:

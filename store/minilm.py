@@ -209,6 +209,10 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + erf)
 
 
+_SHARED: MiniLM | None = None  # loaded on first use by any MiniLMEmbedder (MiniLMEmbedder.loaded)
+_SHARED_LOCK = threading.Lock()
+
+
 class MiniLMEmbedder:
     """store.embedders.Embedder over `MiniLM`; the model loads on first use (~90 MB of float32
     weights), not at construction, so a gateway that never searches never pays for it."""
@@ -221,13 +225,16 @@ class MiniLMEmbedder:
 
         self.ranking = REAL_MODEL_RANKING  # SearchIndex's default for this embedder
         self._model: MiniLM | None = None
-        self._load_lock = threading.Lock()
 
     def loaded(self) -> MiniLM:
+        """The process's one `MiniLM` (its weights are only read and `embed` takes its lock),
+        so a process that starts several gateways loads it once."""
+        global _SHARED
         if self._model is None:
-            with self._load_lock:
-                if self._model is None:
-                    self._model = MiniLM()
+            with _SHARED_LOCK:
+                if _SHARED is None:
+                    _SHARED = MiniLM()
+                self._model = _SHARED
         return self._model
 
     async def embed(self, texts: list[str]) -> np.ndarray:

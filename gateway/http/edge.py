@@ -33,13 +33,19 @@ reach on its own:
 - **Unfinished request heads.** A connection that never completes its request head holds no
   handler, only a socket, until aiohttp's keep-alive timer closes it: ``server.keepalive_timeout_s``
   (75 s; aiohttp's default is 3630 s).
+- **A closed app is let go.** aiohttp keeps each route's middleware chain in a module-level
+  ``lru_cache`` (``web_app._cached_build_middleware``, 1,024 entries) keyed by the handler and
+  the app: after the app's cleanup that cache alone kept the whole gateway alive (its stores,
+  recall index and embedder model, ~70 MB once recall had run) in any process that starts
+  more than one gateway (tests, benchmarks). The app's last cleanup step empties it; the
+  chains of apps still serving are rebuilt on their next request.
 
 `install` makes the app's factory build `GatewayRequest`s and its server `GatewayProtocol`s.
 This relies on private names of aiohttp (``Application._make_request`` and ``_make_handler``,
 ``Request._prepare_hook``, called after the headers are computed and before they are written,
 ``StreamResponse._set_status``, ``Request._read_bytes``, ``Request._protocol`` and its
-``_lingering_time`` and ``_messages``), stable since 3.0; tests/robustness/test_http_edges.py
-fails if they change.
+``_lingering_time`` and ``_messages``, ``web_app._cached_build_middleware`` since 3.11),
+stable since 3.0; tests/robustness/test_http_edges.py fails if they change.
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ import re
 from http import HTTPStatus
 from typing import Any
 
-from aiohttp import web
+from aiohttp import web, web_app
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.http_parser import RawRequestMessage
 from aiohttp.web_protocol import RequestHandler
@@ -162,6 +168,14 @@ def install(app: web.Application) -> None:
                              handler_cancellation=server.handler_cancellation, loop=server._loop, **server._kwargs)
 
     app._make_handler = _make_handler  # type: ignore[method-assign]
+    app.on_cleanup.append(_forget_middleware_chains)
+
+
+async def _forget_middleware_chains(app: web.Application) -> None:
+    """Drop aiohttp's cached middleware chains, which hold every app they were built for."""
+    cached = getattr(web_app, "_cached_build_middleware", None)
+    if cached is not None:
+        cached.cache_clear()
 
 
 def classify(status: int, text: str) -> tuple[int, str, str]:

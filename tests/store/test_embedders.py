@@ -31,6 +31,15 @@ async def test_wordllama_embeds_nothing_without_loading():
     assert embedder._model is None
 
 
+async def test_wordllama_weights_load_once_per_process():
+    """Every embedder of a config reads one copy of the weights: a process that starts several
+    gateways (each with its own embedder) does not load, and fragment, one copy per gateway."""
+    first, second = WordLlamaEmbedder(), WordLlamaEmbedder()
+    a, b = await first.embed(["the parcel code"]), await second.embed(["the parcel code"])
+    assert first._model is not None and first._model is second._model
+    np.testing.assert_array_equal(a, b)
+
+
 async def test_hashing_embedder_is_deterministic_and_normalised():
     first, second = HashingEmbedder(dim=64), HashingEmbedder(dim=64)
 

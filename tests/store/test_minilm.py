@@ -31,6 +31,10 @@ async def test_vectors_are_unit_384d_and_a_paraphrase_is_nearer_than_a_shared_wo
     assert (await embedder.embed([])).shape == (0, 384)
 
 
+def test_one_model_per_process(embedder):
+    assert minilm.MiniLMEmbedder().loaded() is embedder.loaded()  # ~90 MB of weights, loaded once
+
+
 def test_the_reference_vector_of_the_model(embedder):
     # sentence-transformers' all-MiniLM-L6-v2 gives "hello world" these first components
     # (its model card's pipeline: tokens, mean pooling, L2 norm).
