@@ -16,7 +16,10 @@ session_load on the TOP hit only, and answers ``ANSWER: <loaded content>`` (firs
     was evidence already in the prompt the model got; answer-word recall (share of the gold
     answer's words in the ANSWER text); prompt tokens of the turn's upstream requests vs the full
     context; searches and loads; errors. hit@k of the gateway's own search (whole session, no
-    exclusions) shows what a model reading more than the top hit could find.
+    exclusions) shows what a model reading more than the top hit could find. "Reaches the
+    model" (bench/reach.py): the answer round's request (view + recall results) holds an
+    evidence turn whole, or a piece of it holding the turn's gold-answer words; the direct
+    column applies the same test to the request sent direct (0 when it does not fit).
 (b) Synthetic agent sessions (simulator.workloads) with planted facts: ~60 rounds through the
     gateway, then each fact asked with ``RECALL: <question>``, ``RECALL: <paraphrase>`` (the
     workload's hand-written one) and ``RECALL: <reworded>`` (bench/paraphrase.py: the question with
