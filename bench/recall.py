@@ -16,7 +16,10 @@ session_load on the TOP hit only, and answers ``ANSWER: <loaded content>`` (firs
     was evidence already in the prompt the model got; answer-word recall (share of the gold
     answer's words in the ANSWER text); prompt tokens of the turn's upstream requests vs the full
     context; searches and loads; errors. hit@k of the gateway's own search (whole session, no
-    exclusions) shows what a model reading more than the top hit could find.
+    exclusions) shows what a model reading more than the top hit could find. "Reaches the
+    model" (bench/reach.py): the answer round's request (view + recall results) holds an
+    evidence turn whole, or a piece of it holding the turn's gold-answer words; the direct
+    column applies the same test to the request sent direct (0 when it does not fit).
 (b) Synthetic agent sessions (simulator.workloads) with planted facts: ~60 rounds through the
     gateway, then each fact asked with ``RECALL: <question>``, ``RECALL: <paraphrase>`` (the
     workload's hand-written one) and ``RECALL: <reworded>`` (bench/paraphrase.py: the question with
@@ -47,6 +50,7 @@ from gateway.keys import INDEXER, LEDGER, PIPELINE, SUMMARIZER  # noqa: E402
 from simulator.workloads import TOOL_SPECS, synthetic_session  # noqa: E402
 from store.canonical import path_ids  # noqa: E402
 from paraphrase import reworded  # noqa: E402
+from reach import reaching  # noqa: E402
 from ranking import split_of  # noqa: E402
 from store.chunking import query_terms  # noqa: E402
 
@@ -126,14 +130,14 @@ def word_recall(gold: str, text: str) -> float:
     return sum(w in have for w in gold_words) / len(gold_words) if gold_words else float("nan")
 
 
-def evidence_ids(bench: Bench, key: str, evidence: list[str], ids: list[str]) -> set[str]:
-    """Event ids (on this path) whose content is an evidence turn's text."""
+def evidence_ids(bench: Bench, key: str, evidence: list[str], ids: list[str]) -> dict[str, str]:
+    """Event ids (on this path) whose content is an evidence turn's text, with that text."""
     ledger = bench.gateway.app[LEDGER]
     wanted = set(evidence)
-    out = set()
+    out = {}
     for event in ledger.get_many(key, ids):
         if event.message.get("content") in wanted:
-            out.add(event.id)
+            out[event.id] = event.message["content"]
     return out
 
 
@@ -187,7 +191,14 @@ async def lme_case(bench: Bench, client: Client, case: dict, *, stream: bool, st
     trace = recall_trace(bodies)
     key = bench.gateway.session_key(sid)
     ids = path_ids([m for m in body["messages"] if m["role"] not in ("system", "developer")])
-    ev_ids = evidence_ids(bench, key, evidence, ids) if key else set()
+    ev_ids = evidence_ids(bench, key, evidence, ids) if key else {}
+    # Evidence reaching the model in the answer round (bench/reach.py), and the same test on
+    # the request sent direct: all of it when it fits the window, nothing when it is rejected.
+    answer_round = bodies[-1]["messages"] if bodies else []
+    reached = reaching(answer_round, ev_ids, str(case["answer"]))
+    unnamed = {f"direct-{i}": t for i, t in enumerate(dict.fromkeys(evidence))}
+    direct_all = reaching(full_body["messages"], unnamed, str(case["answer"]))
+    direct = direct_all if full_tokens <= 32_000 else set()
     answer = answer_text(reply)
     loaded_ev = any(e in ev_ids for e in trace["loaded"])
     view = bodies[0]["messages"] if bodies else []
@@ -237,7 +248,10 @@ async def lme_case(bench: Bench, client: Client, case: dict, *, stream: bool, st
         "loaded_evidence": loaded_ev, "evidence_in_view": visible,
         "evidence_available": loaded_ev or visible or auto_ev,
         "auto_block": bool(block), "auto_evidence": auto_ev, "direct_fits": full_tokens <= 32_000,
-        "passage_evidence": bool(trace["with_passage"] & ev_ids),
+        "passage_evidence": bool(trace["with_passage"] & set(ev_ids)),
+        "reaches": bool(reached), "reaches_all": bool(evidence) and reached >= set(evidence),
+        "direct_reaches": bool(direct), "direct_reaches_all": bool(evidence) and direct >= set(evidence),
+        "unlimited_reaches": bool(direct_all),
         # The gold answer's words in the text the search result put before the model: its top
         # passage (what the puppet answers from) and all its passages (what a model reads).
         "top_passage_words": word_recall(str(case["answer"]), trace["passage_texts"][0]) if trace["passage_texts"] else 0.0,
@@ -284,13 +298,17 @@ def lme_summary(rows: list[dict]) -> dict:
         "hidden_top5": mean("hidden_scope_top5"),
         "auto_block": mean("auto_block"), "auto_evidence": mean("auto_evidence"),
         "direct_fits": mean("direct_fits"), "passage_evidence": mean("passage_evidence"),
+        "reaches": mean("reaches"), "reaches_all": mean("reaches_all"),
+        "direct_reaches": mean("direct_reaches"), "direct_reaches_all": mean("direct_reaches_all"),
+        "unlimited_reaches": mean("unlimited_reaches"),
         "auto_word_recall": mean("auto_word_recall"), "from_passage": mean("from_passage"),
         "top_passage_words": mean("top_passage_words"), "result_words": mean("result_words"),
         "result_words_full": sum(r["result_words"] >= 1.0 for r in rows) / n,
         "top_passage_words_full": sum(r["top_passage_words"] >= 1.0 for r in rows) / n,
         "by_split": {split: {"n": len(part),
                              "loaded_evidence": sum(r["loaded_evidence"] for r in part) / len(part),
-                             "evidence_available": sum(r["evidence_available"] for r in part) / len(part)}
+                             "evidence_available": sum(r["evidence_available"] for r in part) / len(part),
+                             "reaches": sum(r["reaches"] for r in part) / len(part)}
                      for split in ("tune", "held-out")
                      if (part := [r for r in rows if r["split"] == split])},
         "latency_p50_s": percentile([r["elapsed_s"] for r in rows], 50),
@@ -319,7 +337,7 @@ async def longmemeval(args, cases: list[dict], tool_times: dict) -> tuple[list[d
             await bench.gateway.settle()
             if args.verbose:
                 print(f"  {case['question_id']}: " + ", ".join(
-                    f"{r['mode']} loaded={r['loaded_evidence']} view={r['evidence_in_view']} "
+                    f"{r['mode']} loaded={r['loaded_evidence']} reaches={r['reaches']} view={r['evidence_in_view']} "
                     f"rank={r['search_rank']} words={r['answer_word_recall']:.2f} {r['error']}"
                     for r in rows if r["case"] == case["question_id"]), file=sys.stderr, flush=True)
     finally:
@@ -586,6 +604,13 @@ def checks(result: dict) -> list[str]:
                    f"{'fits ' + format(s['direct_fits'], '.3f') + ' (rest rejected)':<26} "
                    f"{format(s['loaded_evidence'], '.3f') + ' (' + parts + ')':<44} >= 0.95 "
                    f"{ok(s['loaded_evidence'] >= 0.95)}")
+        parts = ", ".join(f"{k} {v['reaches']:.3f}" for k, v in split.items())
+        out.append(f"{'LongMemEval evidence reaches the model, 32k':<52} "
+                   f"{'fits ' + format(s['direct_reaches'], '.3f') + ' (no window ' + format(s['unlimited_reaches'], '.3f') + ')':<26} "
+                   f"{format(s['reaches'], '.3f') + ' (' + parts + ')':<44} >= 0.95 "
+                   f"{ok(s['reaches'] >= 0.95)}")
+        out.append(f"{'  ... every evidence turn of the case reaches it':<52} "
+                   f"{format(s['direct_reaches_all'], '.3f'):<26} {format(s['reaches_all'], '.3f'):<44}")
         out.append(f"{'  ... in any passage of the search result (top 3)':<52} {'':<26} "
                    f"{format(s['passage_evidence'], '.3f'):<44}")
         out.append(f"{'  gold answer words: top passage / whole result':<52} {'':<26} "
@@ -781,6 +806,8 @@ def render_compared(result: dict) -> str:
         ("LongMemEval evidence recall, 32k (top hit read)", lambda r: r["longmemeval"][0]["loaded_evidence"], ">= 0.95"),
         ("  held-out split", lambda r: r["longmemeval"][0]["by_split"].get("held-out", {}).get("loaded_evidence"), ">= 0.95"),
         ("  read, in view or in the auto block", lambda r: r["longmemeval"][0]["evidence_available"], ""),
+        ("LongMemEval evidence reaches the model (answer round)", lambda r: r["longmemeval"][0]["reaches"], ">= 0.95"),
+        ("  held-out split", lambda r: r["longmemeval"][0]["by_split"].get("held-out", {}).get("reaches"), ">= 0.95"),
         ("  search hit@1 / hit@5", lambda r: f"{r['longmemeval'][0]['hit1']:.3f} / {r['longmemeval'][0]['hit5']:.3f}", ""),
         ("  cases", lambda r: r["longmemeval"][0]["n"], ""),
         ("search p50 ms (~500 events)", lambda r: r["latency"]["hidden scope_p50_ms"], "<= 20"),

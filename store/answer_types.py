@@ -56,6 +56,12 @@ _NOT_NAMES = frozenset({
     "TRACE", "FATAL", "CRITICAL", "NOTE", "TODO", "GET", "POST", "PUT", "PATCH", "DELETE", "HEAD",
     "HTTP", "HTTPS", "JSON", "URL", "API", "ID", "PASS", "PASSED", "FAIL", "FAILED",
 })
+# A cloud region ("us-east-2", "eu-west-1", "europe-west4", "ap-southeast-1"): the name of a
+# place in an agent's logs and configs, lower-case, so `_NAME_TOKEN` misses it; it answers
+# "which region" and "where is it hosted" as a city name does.
+_REGION = re.compile(
+    r"\b(?:us|eu|ap|sa|ca|me|af|il|mx|cn|us-gov|europe|asia|australia|northamerica|southamerica|africa)-"
+    r"(?:east|west|north|south|central|northeast|northwest|southeast|southwest)-?\d\b")
 _WORD = re.compile(r"[\w']+")
 _EXACT_KEYS = {ID: "ids", VERSION: "versions", PATH: "paths", DATE: "dates"}  # policies.extraction's
 
@@ -86,4 +92,6 @@ def has_candidate(text: str, kind: str, query: str) -> bool:
         return any(new(m.group(0)) for m in _QUANTITY_TOKEN.finditer(text))
     if kind != NAME:
         return False
+    if any(new(m.group(0)) for m in _REGION.finditer(text)):
+        return True
     return any(m.group(1) not in _NOT_NAMES and m.group(1).lower() not in asked for m in _NAME_TOKEN.finditer(text))

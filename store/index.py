@@ -61,7 +61,7 @@ from store.chunking import split_chunks
 from store.embedders import Embedder
 from store.answer_types import expected_type
 from store.kinds import LINE_ROW, index_rows, kind_token
-from store.index_legs import flat_to_depth, retrieve, scope_filter, sql_string
+from store.index_legs import deeper_by, retrieve, scope_filter, sql_string
 from store.ranking import Hit, Ranking, fuse, text_query, vector_query
 
 __all__ = ["LINE_ROW", "Hit", "IndexedEvent", "Ranking", "SearchIndex"]
@@ -310,11 +310,11 @@ class SearchIndex:
             fused = fuse(legs, query, limit + len(exclude_event_ids), ranking)
             hits = [hit for hit in fused if hit.event_id not in exclude_event_ids][:limit]
             # Go deeper when the scope or exclusions (or many chunks per event) left the list short while
-            # a leg still had more rows, and once when the BM25 leg is flat down to its depth.
-            if (len(hits) >= limit and not (depth == first and flat_to_depth(text_rows, text_depth))) \
-                    or (len(text_rows) < text_depth and len(vector_rows) < depth):
+            # a leg still had more rows, and once when the BM25 leg is flat or misses the answer (`deeper_by`).
+            deeper = deeper_by(text_rows, text_depth, hits, query if ranking.answer_type else "") if depth == first else 1
+            if (len(hits) >= limit and deeper == 1) or (len(text_rows) < text_depth and len(vector_rows) < depth):
                 return hits
-            depth *= 2
+            depth *= max(2, deeper)
 
     # -- internals ---------------------------------------------------------------------------
 

@@ -10,6 +10,8 @@ import asyncio
 
 import lancedb
 
+from store.answer_types import expected_type, has_candidate
+
 __all__ = ["FLAT_LEG", "PREFILTER_WITHIN", "flat_to_depth", "retrieve", "scope_filter", "sql_string"]
 
 # A search scope (`within`) up to this size is a prefilter inside LanceDB, a larger one a
@@ -29,6 +31,21 @@ FLAT_LEG = 0.9
 def flat_to_depth(rows: list[dict], depth: int) -> bool:
     """Whether a BM25 leg filled `depth` rows whose last scores at least FLAT_LEG of its first."""
     return len(rows) >= depth > 0 and rows[-1].get("_score", 0.0) >= FLAT_LEG * rows[0].get("_score", 0.0) > 0
+
+
+def deeper_by(rows: list[dict], depth: int, hits: list, query: str) -> int:
+    """How much deeper a first search reads once: 4x for a full leg of mostly tool-output rows
+    when `query` asks for a type of answer and no tool hit's best line holds a candidate of it
+    (log filler repeats the question's words, and the fact's line sat at BM25 rank 40-100,
+    bench/ranking.py toollog); else 2x for a flat BM25 leg (`flat_to_depth`); else 1, not
+    again. An empty `query` (answer types off) never reads 4x deeper."""
+    if len(rows) < depth or depth <= 0:
+        return 1
+    kind = expected_type(query) if query else None
+    if kind and 2 * sum(row.get("role") == "tool" for row in rows) >= len(rows) and not any(
+            hit.role == "tool" and hit.line and has_candidate(hit.line, kind, query) for hit in hits):
+        return 4
+    return 2 if flat_to_depth(rows, depth) else 1
 
 
 def sql_string(value: str) -> str:

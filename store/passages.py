@@ -18,7 +18,7 @@ from functools import lru_cache
 
 from store.chunking import STOP_WORDS, content_words, query_terms
 
-__all__ = ["best_line", "line_coverage", "phrases_in", "query_phrases", "stem", "terms"]
+__all__ = ["best_line", "line_coverage", "numbered_item", "phrases_in", "query_phrases", "stem", "terms"]
 
 _WORD = re.compile(r"\w+")
 _SUFFIXES = ("ing", "ed", "es", "s")
@@ -141,3 +141,21 @@ def _phrase_patterns(phrases: frozenset[tuple[str, str]]) -> list[tuple[tuple[st
 
     gap = rf"(?:\W+(?:{_BETWEEN}|[^\W\d])\b)*\W+"
     return [(pair, re.compile(word(pair[0]) + gap + word(pair[1]))) for pair in sorted(phrases)]
+
+
+# "the 27th parameter", "item 27", "number 27", "#27": a question asking for one entry of a
+# numbered list by its position.
+_POSITION = re.compile(r"\b(\d{1,3})(?:st|nd|rd|th)\b|(?:\b(?:item|number|no\.|step|point)\s*|#)(\d{1,3})\b", re.I)
+
+
+def numbered_item(text: str, query: str) -> str:
+    """The entry of a numbered list in `text` ("27. Sound effects (e.g. ...)") at the position
+    the query asks for, up to the line's end; "" when the query names no position or the text
+    has no such entry. The number must start a line or follow white space and be followed by
+    "." or ")" and a space, so "in 2027." or "v1.27)" are no entry."""
+    asked = _POSITION.search(query)
+    if not asked:
+        return ""
+    number = asked.group(1) or asked.group(2)
+    found = re.search(rf"(?:^|(?<=\s)){int(number)}[.)][ \t]+[^\n]+", text, re.M)
+    return found.group(0) if found else ""

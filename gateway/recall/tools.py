@@ -32,6 +32,7 @@ from gateway.jobs.indexer import Indexer, event_text
 from policies.messages import call_arguments
 from store import offload
 from store.chunking import query_terms, snippet
+from store.passages import numbered_item
 from store.interfaces import LedgerStore
 from store.query_expansion import expand_query
 from store.records import Event
@@ -54,14 +55,17 @@ SMALL_HITS_SHARE = 0.5
 
 def passage(text: str, query: str, hit_snippet: str, width: int, line: str = "") -> str:
     """About `width` characters of `text` around what matched: the line that ranked a tool
-    result (`Hit.line`), else the query's words where they occur, else (a hit found by meaning
-    alone) the place of the best chunk's snippet.
+    result (`Hit.line`), else the entry of a numbered list the query asks for by position ("the
+    27th parameter on that list": the densest cluster of the query's words is the list's
+    introduction, not its 27th entry), else the query's words where they occur, else (a hit
+    found by meaning alone) the place of the best chunk's snippet.
 
     The line first: in a log, a query word ("client", "migration") recurs in the filler, and
     the densest cluster of it can sit far from the one line that holds most of the query's
     words (stemmed: "booking" finds "booked") and ranked the event."""
     if len(text) <= width:
         return text
+    line = line if line.strip() else numbered_item(text, query)
     at = text.find(line) if line.strip() else -1
     if at >= 0:
         start = max(0, min(at - width // 3, len(text) - width))

@@ -111,3 +111,30 @@ def test_a_tool_log_counts_a_candidate_only_on_the_line_that_holds_the_question(
 def test_structured_candidates_are_the_summary_blocks_exact_values(query, kind, text, found):
     assert expected_type(query) == kind
     assert has_candidate(text, kind, query) is found
+
+
+@pytest.mark.parametrize(
+    ("query", "text", "found"),
+    [
+        ("Which region holds the tenant bucket?", "NOTE The tenant bucket lives in region us-east-2.", True),
+        ("Where is the app hosted?", "deployed to europe-west4 this morning", True),
+        ("Where is the app hosted?", "replicas in ap-southeast-1 and eu-west-1", True),
+        ("Which region holds the tenant bucket?", "INFO handler: region bucket tenant field", False),
+        ("Which region is the bucket in, still us-east-2?", "the bucket is in us-east-2", False),  # the question's own value
+        ("Which region holds the tenant bucket?", "pinned build 2.3-east-1 of the tenant bucket", False),
+    ],
+)
+def test_a_cloud_region_answers_which_region_and_where(query, text, found):
+    assert expected_type(query) == NAME
+    assert has_candidate(text, NAME, query) is found
+
+
+def test_a_log_line_naming_the_region_outranks_filler_with_the_same_words():
+    """Filler log lines repeat "region", "tenant" and "bucket" as often as the fact's line; the
+    fact's line alone holds a region."""
+    filler = "2024-06-15T23:14 INFO signal: region bucket tenant field index replica review field"
+    fact = "NOTE The tenant bucket lives in region us-east-2."
+    rows = [_row("t1", "tool", "a0", filler, 5.2), _row("t2", "tool", "a1", fact, 5.0)]
+    query = "Which region holds the tenant bucket?"
+    assert fuse([rows], query, 2, Ranking(answer_type=0.0, phrase=0.0))[0].event_id == "t1"
+    assert fuse([rows], query, 2, Ranking(phrase=0.0))[0].event_id == "t2"

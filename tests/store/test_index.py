@@ -239,7 +239,11 @@ async def test_a_bm25_leg_flat_down_to_its_depth_is_read_once_deeper(index, monk
 
     await index.add("tenant:s1", _listings_and_a_log(60))
     query = "which scripts carry the relocation?"  # only "script" (a kind word) is in the session
-    monkeypatch.setattr(legs, "FLAT_LEG", 2.0)  # never flat: one read at the usual depth
+    import store.index as index_module
+
+    # Never flat, and no deeper read for a missing answer type: one read at the usual depth.
+    monkeypatch.setattr(legs, "FLAT_LEG", 2.0)
+    monkeypatch.setattr(index_module, "deeper_by", lambda rows, depth, hits, query: legs.deeper_by(rows, depth, hits, ""))
     shallow = await index.search("tenant:s1", query)
     monkeypatch.setattr(legs, "FLAT_LEG", 0.9)
     deep = await index.search("tenant:s1", query)
@@ -257,3 +261,69 @@ def test_flat_to_depth_needs_a_full_leg_whose_last_row_scores_near_its_first():
     assert not flat_to_depth(rows[:30], 40)  # the leg had no more rows: deeper finds none
     assert not flat_to_depth([{"_score": 9.0}] + rows[1:], 40)  # a clear head
     assert not flat_to_depth([], 0)
+
+
+def _logs_repeating_the_question(logs: int) -> list[IndexedEvent]:
+    """Tool logs whose every line repeats "region", "tenant" and "bucket" without naming a region,
+    and one log whose one line does ("region us-east-2 holds the tenant bucket")."""
+    rng = random.Random(4)
+    words = ("handler", "latency", "field", "module", "render", "socket", "session", "commit")
+    events = []
+    for seq in range(logs):
+        text = "\n".join(f"2024-06-{n % 28 + 1:02d}T10:{n:02d} INFO {rng.choice(words)}: region tenant bucket "
+                         f"{rng.choice(words)} bucket region" for n in range(30))
+        events.append(IndexedEvent(f"log{seq}", seq, "tool", 1_700_000_000.0 + seq, text))
+    fact = [f"2024-06-{n % 28 + 1:02d}T11:{n:02d} INFO worker: {rng.choice(words)} {rng.choice(words)} ok"
+            for n in range(30)]
+    fact.insert(15, "NOTE region us-east-2 holds the tenant bucket.")
+    events.append(IndexedEvent("fact", logs, "tool", 1_700_000_000.0 + logs, "\n".join(fact)))
+    return events
+
+
+async def test_a_tool_log_leg_without_the_asked_answer_is_read_deeper(index, monkeypatch):
+    """No filler log names a region, so when the first read's hits hold no answer to "which
+    region" the search reads once more, four times as deep (100 BM25 rows for 5 hits, not 40);
+    once a hit's line names one, it reads once."""
+    import store.index as index_module
+
+    depths: list[int] = []
+    original = index_module.retrieve
+
+    async def recorded(table, where, text, vector, columns, depth, text_depth, *rest):
+        depths.append(text_depth)
+        return await original(table, where, text, vector, columns, depth, text_depth, *rest)
+
+    monkeypatch.setattr(index_module, "retrieve", recorded)
+    events = _logs_repeating_the_question(30)
+    await index.add("tenant:filler", events[:-1])
+    await index.add("tenant:fact", events)
+    query = "Which region holds the tenant bucket?"
+    await index.search("tenant:filler", query)
+    assert depths == [40, 100]
+    depths.clear()
+    hits = await index.search("tenant:fact", query)
+    assert depths == [40]
+    assert hits[0].event_id == "fact" and "us-east-2" in hits[0].line
+    depths.clear()  # no answer type asked: only the flat leg's read twice as deep, as before
+    await index.search("tenant:filler", "Tell me about the tenant bucket region")
+    assert depths == [40, 60]
+
+
+def test_deeper_by_reads_a_tool_log_leg_four_times_deeper_when_no_hit_holds_the_answer():
+    from types import SimpleNamespace
+
+    from store.index_legs import deeper_by
+
+    rows = [{"event_id": f"e{n}", "role": "tool", "_score": 9.0 - n * 0.1} for n in range(40)]
+    filler = [SimpleNamespace(role="tool", line="INFO handler: region tenant bucket")]
+    answered = [SimpleNamespace(role="tool", line="The tenant bucket lives in region us-east-2.")]
+    query = "Which region holds the tenant bucket?"
+    assert deeper_by(rows, 40, filler, query) == 4
+    assert deeper_by(rows, 40, answered, query) == 1  # a hit's line holds a region
+    assert deeper_by(rows, 40, filler, "Tell me about the tenant bucket") == 1  # no answer type asked
+    assert deeper_by(rows, 40, filler, "") == 1  # answer types off
+    assert deeper_by(rows[:30], 40, filler, query) == 1  # the leg had no more rows
+    chat = [{**row, "role": "user"} for row in rows]
+    assert deeper_by(chat, 40, filler, query) == 1  # not a tool-log leg
+    flat = [{**row, "_score": 1.79 - n * 0.001} for n, row in enumerate(rows)]
+    assert deeper_by(flat, 40, answered, query) == 2  # a flat leg reads twice as deep, as before
