@@ -20,27 +20,39 @@ from policies.cost import (SUMMARY_TOKENS_PER_WORD, SummaryCase, cacheable, cost
 
 __all__ = ["growth_on_path", "requests_on_path", "requests_on_ids", "summary_due"]
 
-TURNS_MEMO = 4096  # path ends remembered (event id -> client turns up to it, its role)
-TURNS_LOOKBACK = 16  # how far back from a path's end a remembered prefix is looked for
+TURNS_MEMO = 4096  # path points remembered (event id -> client turns up to it, its role)
+TURNS_LOOKBACK = 16  # how far back from a path's end an earlier path's end is looked for
+TURNS_STRIDE = 32  # also remembered: every 32nd message (a sibling branch's shared history)
 _turns: OrderedDict[str, tuple[int, str | None]] = OrderedDict()
 
 
 def requests_on_ids(history: list[dict], ids: list[str] | None) -> int:
     """``requests_on_path`` of a path whose event ids are `ids`, counted on from the longest
-    prefix remembered among its last few (an event id names the whole path up to it, so a
-    resent history costs a count of what it added, not a walk over all of it)."""
-    if not ids or len(ids) != len(history):
+    leading part remembered (an event id names the whole path up to it): an earlier path's end
+    among its last few messages, else a kept stride. A resent history costs a count of what it
+    added, not a walk over all of it; an edited message changes every later id (counted afresh)."""
+    n = len(history)
+    if not ids or len(ids) != n:
         return requests_on_path(history)
     start, state = 0, (0, None)
-    for at in range(len(ids) - 1, max(-1, len(ids) - 1 - TURNS_LOOKBACK), -1):
-        found = _turns.get(ids[at])
+    ends = range(n, max(0, n - TURNS_LOOKBACK), -1)
+    strides = range((n // TURNS_STRIDE) * TURNS_STRIDE, 0, -TURNS_STRIDE)
+    for at in (*ends, *strides):
+        found = _turns.get(ids[at - 1])
         if found is not None:
-            start, state = at + 1, found
+            start, state = at, found
             break
-    state = turns_after(history[start:], *state)
-    _turns[ids[-1]] = state
-    _turns.move_to_end(ids[-1])
-    if len(_turns) > TURNS_MEMO:
+    kept = []
+    at = start
+    while at < n:  # the walk, a stride at a time, keeping the state at each stride and the end
+        stop = min(n, (at // TURNS_STRIDE + 1) * TURNS_STRIDE)
+        state = turns_after(history[at:stop], *state)
+        kept.append((ids[stop - 1], state))
+        at = stop
+    for key, value in kept:
+        _turns[key] = value
+        _turns.move_to_end(key)
+    while len(_turns) > TURNS_MEMO:
         _turns.popitem(last=False)
     return state[0]
 

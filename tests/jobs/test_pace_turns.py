@@ -33,8 +33,25 @@ def test_resent_paths_count_as_a_full_walk(monkeypatch):
         history = [{"role": "system", "content": f"s{seed}"}, {"role": "user", "content": "start"}]
         for k in range(40):
             history = _step(rng, history, k)
+            walked.clear()
             assert pace.requests_on_ids(history, path_ids(history)) == requests_on_path(history)
-            assert walked[-1] <= 4 or k == 0  # only what this request added (after the first)
+            assert sum(walked) <= 4 or k == 0  # only what this request added (after the first)
+
+
+def test_a_sibling_branch_counts_from_a_stride(monkeypatch):
+    """The bench's shape: each request is the shared history plus its own last exchange, not
+    an extension of the previous request: counted on from the shared history's last stride."""
+    walked: list[int] = []
+    turns_after = pace.turns_after
+    monkeypatch.setattr(pace, "turns_after", lambda history, *state: walked.append(len(history)) or turns_after(history, *state))
+    shared = [{"role": "user", "content": "go"}]
+    for k in range(100):
+        shared = _step(random.Random(k), shared, k)
+    for i in range(5):
+        path = [*shared, {"role": "assistant", "content": "done"}, {"role": "user", "content": f"next {i}"}]
+        walked.clear()
+        assert pace.requests_on_ids(path, path_ids(path)) == requests_on_path(path)
+        assert sum(walked) <= pace.TURNS_STRIDE + 2 or i == 0
 
 
 def test_an_edited_message_is_counted_afresh():
