@@ -69,3 +69,22 @@ def test_delete_here_forgets(tmp_path):
     ledger.delete_session(ref.key)
     assert not ledger.holds(ref.key, ids[0])
     ledger.close()
+
+
+def test_get_many_is_one_query_in_the_order_asked(tmp_path):
+    ledger = Ledger(tmp_path / "ledger.sqlite3")
+    ref = SessionRef("t", "s")
+    messages = _messages(1200)
+    ids = ledger.sync(ref, messages).ids
+    missing = "ev_" + "f" * 24
+    asked = [ids[5], missing, ids[2], ids[5], ids[1100]]
+    seen = _statements(ledger)
+    events = ledger.get_many(ref.key, asked)
+    assert [e.id for e in events] == [ids[5], ids[2], ids[5], ids[1100]]
+    assert [e.message["content"] for e in events] == ["message 5", "message 2", "message 5", "message 1100"]
+    assert len([s for s in seen if s.startswith("SELECT")]) == 1
+    assert [e == ledger.get(ref.key, e.id) for e in events] == [True] * 4  # as get reads them
+    every = ledger.get_many(ref.key, reversed(ids))  # past SQLite's bound-variable limit: in chunks
+    assert [e.id for e in every] == ids[::-1]
+    assert ledger.get_many(ref.key, []) == [] and ledger.get_many(SessionRef("t", "other").key, ids[:3]) == []
+    ledger.close()
