@@ -31,6 +31,7 @@ import platform
 import secrets
 import shutil
 import signal
+import re
 import socket
 import statistics
 import subprocess
@@ -159,11 +160,26 @@ def venv_version(venv: Path, dist: str) -> str:
     return out.stdout.strip()
 
 
+def big_model(body_kb: int) -> str:
+    """The model a --body-kb run asks for: a window of 5k tokens per KB of history (at least 1M),
+    so the history (~360 tokens per KB, cl100k) stays under balanced's smallest gate, the cost
+    model's view_target_ratio (10% of the budget, gateway/pipeline/views.py _untouched), and is
+    measured passing through. With gpt-bench-1000k a 500 KB history (~180k tokens) is over it:
+    every request is planned, compacted and searched (proactive recall), not passed through."""
+    return f"gpt-bench-{max(1000, 5 * body_kb)}k"
+
+
+def _puppet_model(model: str) -> str:
+    """The puppet's --model argument: a name ending in -<N>k gets an N-thousand-token window."""
+    sized = re.search(r"-(\d+)k$", model)
+    return f"{model}={int(sized.group(1)) * 1000}" if sized else model
+
+
 def start_puppet(work: Path) -> Target:
     port = free_port()
     proc = spawn([sys.executable, "-m", "simulator.puppet", "--port", str(port),
                   "--keep-received", "50",
-                  "--model", f"{MODEL}=1000000" if MODEL.endswith("-1000k") else MODEL], work / "puppet.log", cwd=REPO)
+                  "--model", _puppet_model(MODEL)], work / "puppet.log", cwd=REPO)
     return Target("direct", f"http://127.0.0.1:{port}/v1", proc, version="puppet (simulated)")
 
 
@@ -572,13 +588,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--body-kb", type=int, default=0,
                         help="pad each request with an agent history of about this many KB (one session per target)")
     parser.add_argument("--model", help="the model every target asks for (default gpt-bench; with --body-kb, "
-                        "gpt-bench-1000k, whose 1M window the simulated upstream reads from the name, so a big "
-                        "history is measured passing through rather than refused or compacted)")
+                        "big_model's gpt-bench-<N>k, whose window the simulated upstream reads from the name, so a "
+                        "big history is measured passing through rather than refused or compacted)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the work dir with logs")
     args = parser.parse_args(argv)
     global BODY_KB, MODEL
     BODY_KB = args.body_kb
-    MODEL = args.model or ("gpt-bench-1000k" if args.body_kb else MODEL)
+    MODEL = args.model or (big_model(args.body_kb) if args.body_kb else MODEL)
     with contextlib.suppress(ImportError):
         import uvloop  # a faster loop keeps the load generator out of the way
 

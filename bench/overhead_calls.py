@@ -122,10 +122,11 @@ def main() -> None:
     parser.add_argument("--body-kb", type=int, default=0)
     parser.add_argument("--n", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--model", help="the model asked for (default: overhead.py's)")
     parser.add_argument("--top", type=int, default=0, help="also list the top functions by own time")
     args = parser.parse_args()
     ov.BODY_KB = args.body_kb
-    ov.MODEL = "gpt-bench-1000k" if args.body_kb else ov.MODEL
+    ov.MODEL = args.model or (ov.big_model(args.body_kb) if args.body_kb else ov.MODEL)
     asyncio.to_thread = _profiled_to_thread  # type: ignore[assignment]
     asyncio.run(measure(args))
 

@@ -68,13 +68,18 @@ def with_cache_rule(policy: Any, rule: Any) -> Any:
 def requests_on_path(history: list[dict]) -> int:
     """The client turns of a path: what an append-only client sent its requests with (each user
     message or run of tool results after an answer)."""
-    turns, previous = 0, None
+    return turns_after(history)[0]
+
+
+def turns_after(history: list[dict], turns: int = 0, previous: str | None = None) -> tuple[int, str | None]:
+    """``requests_on_path`` counted on from a prefix's (turns, last role): the count after
+    `history`, and its last message's role."""
     for message in history:
         role = message.get("role")
         if role in ("user", "tool") and previous not in ("user", "tool"):
             turns += 1
         previous = role
-    return turns
+    return turns, previous
 
 
 def further_requests(requests_so_far: float) -> float:

@@ -106,6 +106,7 @@ class Ledger:
         # (session, epoch, event id) known to exist: keyed by the session's incarnation, so a
         # session deleted (and perhaps started again) by another process never hits it.
         self._seen: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+        self._epochs: dict[str, str] = {}  # session key -> the epoch it had when last opened here
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -256,6 +257,12 @@ class Ledger:
             self._remember(key)
         return found
 
+    def _note_epoch(self, session_key: str, epoch: str) -> None:
+        """The incarnation of the session this process last opened (for ``holds``), bounded."""
+        if len(self._epochs) >= SEEN_CACHE and session_key not in self._epochs:
+            self._epochs.clear()
+        self._epochs[session_key] = epoch
+
     def _remember(self, key: tuple[str, str, str]) -> None:
         self._seen[key] = None
         if len(self._seen) > SEEN_CACHE:
@@ -265,8 +272,10 @@ class Ledger:
         """The session's next seq and epoch, creating its record if needed (in a transaction)."""
         row = self._db.execute("SELECT events, epoch FROM sessions WHERE key = ?", (ref.key,)).fetchone()
         if row is not None:
+            self._note_epoch(ref.key, row[1])
             return row[0], row[1]
         now, epoch = time.time(), new_epoch()
+        self._note_epoch(ref.key, epoch)
         self._db.execute(
             "INSERT INTO sessions (key, tenant, session_id, created, updated, epoch) VALUES (?, ?, ?, ?, ?, ?)",
             (ref.key, ref.tenant, ref.session_id, now, now, epoch),
@@ -274,6 +283,18 @@ class Ledger:
         return 0, epoch
 
     # -- reading ---------------------------------------------------------------------------
+
+    def holds(self, session_key: str, eid: str) -> bool:
+        """Whether the session holds event `eid`: the known-events cache of this process (an
+        event this process wrote or found, of the session's incarnation it last opened), else
+        one look-up on the primary key's index (no row, no message read). A session deleted
+        and created again by another process since may answer True for a gone event once:
+        callers use it to choose where to sync, and ``sync`` asks again under its lock."""
+        epoch = self._epochs.get(session_key)
+        if epoch is not None and (session_key, epoch, eid) in self._seen:
+            return True
+        self.flush()
+        return self._db.execute("SELECT 1 FROM events WHERE session_key = ? AND id = ?", (session_key, eid)).fetchone() is not None
 
     def get(self, session_key: str, eid: str) -> Event | None:
         self.flush()
@@ -283,7 +304,20 @@ class Ledger:
         return _event(row) if row is not None else None
 
     def get_many(self, session_key: str, ids: Iterable[str]) -> list[Event]:
-        return [e for e in (self.get(session_key, i) for i in ids) if e is not None]
+        """The events of `ids` the session holds, in the order asked: one query per 500 ids
+        (SQLite's bound-variable limit), not one per id."""
+        wanted = list(ids)
+        if not wanted:
+            return []
+        self.flush()
+        found: dict[str, Event] = {}
+        distinct = list(dict.fromkeys(wanted))
+        for at in range(0, len(distinct), 500):
+            chunk = distinct[at:at + 500]
+            rows = self._db.execute(f"SELECT {_EVENT_COLUMNS} FROM events WHERE session_key = ? AND id IN "
+                                    f"({', '.join('?' * len(chunk))})", (session_key, *chunk)).fetchall()
+            found.update((row[0], _event(row)) for row in rows)
+        return [found[i] for i in wanted if i in found]
 
     def since(self, session_key: str, seq: int) -> list[Event]:
         """Events appended after `seq`, in insertion order (the index catches up with this)."""
@@ -353,6 +387,7 @@ class Ledger:
             self._write_pending()
             deleted = self._db.execute("DELETE FROM events WHERE session_key = ?", (session_key,)).rowcount
             self._db.execute("DELETE FROM sessions WHERE key = ?", (session_key,))
+        self._epochs.pop(session_key, None)
         return deleted
 
     def expired(self, before: float) -> list[str]:

@@ -48,7 +48,7 @@ class Begun(NamedTuple):
     req: ViewRequest
     view: View
     checkpoints: list[Checkpoint]
-    positions: dict[str, int]
+    positions: dict[str, int] | None  # event id -> index on the path; None: not built yet
 
 
 class ViewBuilder:
@@ -117,19 +117,23 @@ class ViewBuilder:
         raw_estimate = (self.counter.count_messages(chat.instructions) + self.counter.count_path(chat.history, chat.ids)
                         + req.tool_tokens(req.tools))
         client_tokens = self.calibration.scale(chat.model, raw_estimate)
-        positions = {eid: i for i, eid in enumerate(chat.ids)}
         checkpoints = await store_call(self.checkpoints.list, ref.key)
+        # The path's positions only matter against checkpoints: none (a session that has not
+        # been summarized) needs no dict of the whole path here; finish builds it if it plans.
+        positions = {eid: i for i, eid in enumerate(chat.ids)} if checkpoints else None
         view = View(client_tokens=client_tokens, upstream_tokens=client_tokens, budget=budget, policy=policy,
                     window=window, raw_estimate=raw_estimate, arm=holdout_arm(ref.key, policy.holdout_share))
         if view.arm == HOLDOUT:
             return view if view.client_tokens <= view.budget else Begun(req, view, checkpoints, positions)
-        if _untouched(newest_on_path(checkpoints, positions) is not None, client_tokens, policy, budget):
+        if _untouched(bool(checkpoints) and newest_on_path(checkpoints, positions) is not None, client_tokens, policy, budget):
             return view  # short session: untouched, forwarded byte for byte
         return Begun(req, view, checkpoints, positions)
 
     async def finish(self, chat: ChatRequest, ref: SessionRef, auth: Mapping[str, str] | None, begun: "Begun") -> View:
         """The rest of ``build`` after ``begin``: gather, plan, the sync summary wait, fit, effects."""
         req, view, checkpoints, positions = begun
+        if positions is None:
+            positions = {eid: i for i, eid in enumerate(chat.ids)}
         policy, budget, client_tokens = req.policy, req.budget, view.client_tokens
         if view.arm == HOLDOUT:
             return self._direct(chat, req, view)
