@@ -26,6 +26,7 @@ _SUFFIXES = ("ing", "ed", "es", "s")
 STRUCTURE_LINES = 8
 
 
+@lru_cache(maxsize=1 << 15)  # a search stems the same few thousand words request after request
 def stem(word: str) -> str:
     """A crude suffix strip ("holds" -> "hold", "migrations" -> "migration"), enough to match
     a question's words against a line's; words of four letters or fewer stay whole."""
