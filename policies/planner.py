@@ -268,8 +268,7 @@ def _view_tokens(counter: TokenCounter, messages: list[dict], instructions: list
     tokens compaction summed by event id: ``tail_tokens``) and blocks between them: only the
     instructions and the blocks are counted again (fingerprinting every message of a long
     history's view cost more than the rest of the projection)."""
-    known = {id(m) for m in instructions}
-    known.update(id(m) for m in tail)
+    known = {id(m) for m in (*instructions, *tail)}
     extra = [m for m in messages if id(m) not in known]
     if len(known) != len(instructions) + len(tail) or len(messages) != len(known) + len(extra):
         return counter.count_messages(messages)  # a message twice: count the list as it is
@@ -277,10 +276,9 @@ def _view_tokens(counter: TokenCounter, messages: list[dict], instructions: list
 
 
 def _grown_tokens(counter: TokenCounter, messages: list[dict], base: list[dict], base_tokens: int) -> int:
-    """``counter.count_messages(messages)`` given ``counter.count_messages(base) == base_tokens``:
-    only the messages one list holds and the other does not (by identity) are counted."""
-    had = {id(m) for m in base}
-    now = {id(m) for m in messages}
+    """``counter.count_messages(messages)`` given ``count_messages(base) == base_tokens``: only
+    the messages one list holds and the other does not (by identity) are counted."""
+    had, now = {id(m) for m in base}, {id(m) for m in messages}
     if len(had) != len(base) or len(now) != len(messages):
         return counter.count_messages(messages)
     added = sum(counter.count_message(m) for m in messages if id(m) not in had)
@@ -374,11 +372,9 @@ def _fit(req: ViewRequest, projection: Projection, messages: list[dict], truncat
     grown = messages is not projection.messages
     notes = projection.notes
     if grown:
-        tool_tokens = req.tool_tokens(projection.tools)
-        if projection.tailored is None:  # raw_tokens is project's count: the view's messages and tools
-            raw = _grown_tokens(counter, messages, projection.messages, projection.raw_tokens - tool_tokens) + tool_tokens
-        else:
-            raw = counter.count_messages(messages) + tool_tokens
+        tool_tokens = req.tool_tokens(projection.tools)  # untailored, raw_tokens is project's count: messages + tools
+        raw = tool_tokens + (_grown_tokens(counter, messages, projection.messages, projection.raw_tokens - tool_tokens)
+                             if projection.tailored is None else counter.count_messages(messages))
         if notes is not None:
             notes = replace(notes, origins=dict(notes.origins))
         if scale(raw, req.factor) <= req.budget:
