@@ -77,6 +77,11 @@ def _unlabelled_words(text: str) -> tuple[str, ...]:
     return tuple(_words(_LABEL.sub("", text)))
 
 
+@lru_cache(maxsize=_KEPT)
+def _asks(text: str) -> bool:
+    return _ASKING.search(text[:2000]) is not None
+
+
 def is_echo(text: str, role: str, query: str, asked: set[str] | None = None) -> bool:
     """Whether a retrieved chunk repeats the query (`asked`: the query's `terms`) rather than
     answering it: a near-duplicate of a question, or a user turn asking a matching question.
@@ -97,7 +102,7 @@ def is_echo(text: str, role: str, query: str, asked: set[str] | None = None) -> 
         return False
     if list(_unlabelled_words(text)) == _words(query):  # the query itself, resent
         return True
-    asks = _ASKING.search(text[:2000]) is not None
+    asks = _asks(text)
     shared = len(own & asked)
     if ((asks or _ASKING.search(query)) and shared / len(asked) >= ECHO_OVERLAP
             and not own - asked):
