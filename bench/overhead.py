@@ -314,6 +314,7 @@ def responses_body(i: int) -> bytes:
 # --api: which route phase 1 and 2 send to (both answered by the puppet).
 API = {"chat": ("/chat/completions", chat_body), "responses": ("/responses", responses_body)}
 BODY_KB = 0  # --body-kb: the history each request carries
+TOOL_TAIL = False  # --tool-tail: each padded request ends in a tool call's output (an agent step)
 
 
 @lru_cache(maxsize=4)
@@ -344,6 +345,14 @@ def padded_body(api: str, i: int, kb: int) -> bytes:
     first = 1 if api == "chat" else 0  # after chat's system message
     opening = json.loads(API[api][1](0))[key][:first + 1]
     body[key] = [*opening, *_history(api, kb), *body[key][first + 1:]]
+    if TOOL_TAIL:  # the step after the question: the model's call and its output end the request
+        output = f"ticket T-{i}: in transit, last scan Hamburg"
+        body[key] += ([{"type": "function_call", "call_id": f"tail_{i}", "name": "shell", "arguments": "{}"},
+                       {"type": "function_call_output", "call_id": f"tail_{i}", "output": output}]
+                      if api == "responses" else
+                      [{"role": "assistant", "content": None, "tool_calls": [{"id": f"tail_{i}", "type": "function",
+                                                                              "function": {"name": "shell", "arguments": "{}"}}]},
+                       {"role": "tool", "tool_call_id": f"tail_{i}", "content": output}])
     return json.dumps(body).encode()
 
 
@@ -372,7 +381,7 @@ async def one_request(http: aiohttp.ClientSession, target: Target, i: int, sessi
         elapsed = time.perf_counter() - started
     if response.status != 200:
         raise RuntimeError(f"HTTP {response.status}: {payload[:200]!r}")
-    if not answer_text(payload).startswith("ok: "):
+    if not answer_text(payload).startswith("Tool shell returned: " if TOOL_TAIL and BODY_KB else "ok: "):
         raise RuntimeError(f"unexpected answer: {payload[:200]!r}")
     return elapsed
 
@@ -585,6 +594,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument("--api", choices=sorted(API), default="chat",
                         help="the route measured: chat completions, or the Responses API (peers may not serve it)")
+    parser.add_argument("--tool-tail", action="store_true",
+                        help="with --body-kb: end each request in a tool output (no proactive recall search)")
     parser.add_argument("--body-kb", type=int, default=0,
                         help="pad each request with an agent history of about this many KB (one session per target)")
     parser.add_argument("--model", help="the model every target asks for (default gpt-bench; with --body-kb, "
@@ -592,8 +603,9 @@ def main(argv: list[str] | None = None) -> None:
                         "big history is measured passing through rather than refused or compacted)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the work dir with logs")
     args = parser.parse_args(argv)
-    global BODY_KB, MODEL
+    global BODY_KB, MODEL, TOOL_TAIL
     BODY_KB = args.body_kb
+    TOOL_TAIL = args.tool_tail
     MODEL = args.model or (big_model(args.body_kb) if args.body_kb else MODEL)
     with contextlib.suppress(ImportError):
         import uvloop  # a faster loop keeps the load generator out of the way

@@ -92,6 +92,8 @@ async def measure(args: argparse.Namespace) -> None:
     stats = pstats.Stats(profile)
     for extra in _thread_profiles:
         stats.add(extra)
+    if args.dump:
+        stats.dump_stats(args.dump)
     root = os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] or str(ov.REPO)
     ours, per_file, rows = 0, {}, []
     for (filename, line, name), (_, calls, tottime, _, _) in stats.stats.items():  # type: ignore[attr-defined]
@@ -124,8 +126,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--model", help="the model asked for (default: overhead.py's)")
     parser.add_argument("--top", type=int, default=0, help="also list the top functions by own time")
+    parser.add_argument("--tool-tail", action="store_true", help="end each request in a tool output (overhead.py's)")
+    parser.add_argument("--dump", help="also write the merged profile here (pstats; for its callers)")
     args = parser.parse_args()
     ov.BODY_KB = args.body_kb
+    ov.TOOL_TAIL = args.tool_tail
     ov.MODEL = args.model or (ov.big_model(args.body_kb) if args.body_kb else ov.MODEL)
     asyncio.to_thread = _profiled_to_thread  # type: ignore[assignment]
     asyncio.run(measure(args))

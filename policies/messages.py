@@ -55,9 +55,12 @@ def call_arguments(call: dict) -> str:
 def tool_names_by_call_id(messages: list[dict]) -> dict[str, str]:
     """Map every tool_call id to the function name the assistant called."""
     names: dict[str, str] = {}
-    for message in messages:
-        for call in tool_calls(message):
-            call_id = call.get("id")
+    for message in messages:  # `tool_calls` inlined: this walks every message of a long history
+        calls = message.get("tool_calls") if message.get("role") == "assistant" else None
+        if not isinstance(calls, list):
+            continue
+        for call in calls:
+            call_id = call.get("id") if isinstance(call, dict) else None
             if isinstance(call_id, str):
                 names[call_id] = call_name(call)
     return names

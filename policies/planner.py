@@ -254,12 +254,36 @@ def project(req: ViewRequest, found: CheckpointInput | None, frontier: int, *, s
     else:
         names = None
     messages = project_view(req.instructions, compacted, block, policy.injection, pinned)
-    tokens = counter.count_messages(messages) + req.tool_tokens(tools)
+    tokens = _view_tokens(counter, messages, req.instructions, compacted, stats.tokens_after) + req.tool_tokens(tools)
     record = found.record if found else None
     return Projection(messages, tools, names, scale(tokens, req.factor), frozenset(hidden), record,
                       stats.replaced, stats.truncated, raw_tokens=tokens, compacted_tokens=stats.compacted_tokens,
                       raw_tail_tokens=stats.raw_tail_tokens, found=found, frontier=frontier,
                       notes=_notes(req, tail, tail_ids, compacted, stats, record, start, state_only))
+
+
+def _view_tokens(counter: TokenCounter, messages: list[dict], instructions: list[dict], tail: list[dict],
+                 tail_tokens: int) -> int:
+    """``counter.count_messages(messages)`` for a view made of ``instructions``, ``tail`` (whose
+    tokens compaction summed by event id: ``tail_tokens``) and blocks between them: only the
+    instructions and the blocks are counted again (fingerprinting every message of a long
+    history's view cost more than the rest of the projection)."""
+    known = {id(m) for m in (*instructions, *tail)}
+    extra = [m for m in messages if id(m) not in known]
+    if len(known) != len(instructions) + len(tail) or len(messages) != len(known) + len(extra):
+        return counter.count_messages(messages)  # a message twice: count the list as it is
+    return counter.count_messages(instructions) + tail_tokens + sum(counter.count_message(m) for m in extra)
+
+
+def _grown_tokens(counter: TokenCounter, messages: list[dict], base: list[dict], base_tokens: int) -> int:
+    """``counter.count_messages(messages)`` given ``count_messages(base) == base_tokens``: only
+    the messages one list holds and the other does not (by identity) are counted."""
+    had, now = {id(m) for m in base}, {id(m) for m in messages}
+    if len(had) != len(base) or len(now) != len(messages):
+        return counter.count_messages(messages)
+    added = sum(counter.count_message(m) for m in messages if id(m) not in had)
+    gone = sum(counter.count_message(m) for m in base if id(m) not in now)
+    return base_tokens + added - gone
 
 
 def _notes(req: ViewRequest, tail, tail_ids, compacted, stats, record, start: int, state_only: bool) -> ViewNotes:
@@ -348,7 +372,9 @@ def _fit(req: ViewRequest, projection: Projection, messages: list[dict], truncat
     grown = messages is not projection.messages
     notes = projection.notes
     if grown:
-        raw = counter.count_messages(messages) + req.tool_tokens(projection.tools)
+        tool_tokens = req.tool_tokens(projection.tools)  # untailored, raw_tokens is project's count: messages + tools
+        raw = tool_tokens + (_grown_tokens(counter, messages, projection.messages, projection.raw_tokens - tool_tokens)
+                             if projection.tailored is None else counter.count_messages(messages))
         if notes is not None:
             notes = replace(notes, origins=dict(notes.origins))
         if scale(raw, req.factor) <= req.budget:

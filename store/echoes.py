@@ -8,6 +8,7 @@ keeps an echo's score low (`Ranking.echo`); this module says which retrieved eve
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from store.answer_types import has_candidate
 from store.kinds import strip
@@ -54,6 +55,33 @@ def _words(text: str) -> list[str]:
     return re.findall(r"\w+", text[:2000].lower())
 
 
+# What `is_echo` reads of a retrieved chunk depends on its text alone, and a recall search on a
+# long history retrieves the same chunks request after request: each is worked out once per text
+# (the text is the key; chunks are short, so a few thousand of them are a few MB at most).
+_KEPT = 2048
+
+
+@lru_cache(maxsize=_KEPT)
+def _written_count(text: str) -> int:
+    """How many distinct written words of two letters or more, stop words aside, the text opens with."""
+    return len({word for word in _words(_LABEL.sub("", text[:2000])) if len(word) > 1} - STOP_WORDS)
+
+
+@lru_cache(maxsize=_KEPT)
+def _own_terms(text: str) -> frozenset[str]:
+    return frozenset(terms(_LABEL.sub("", text[:4000])))
+
+
+@lru_cache(maxsize=_KEPT)
+def _unlabelled_words(text: str) -> tuple[str, ...]:
+    return tuple(_words(_LABEL.sub("", text)))
+
+
+@lru_cache(maxsize=_KEPT)
+def _asks(text: str) -> bool:
+    return _ASKING.search(text[:2000]) is not None
+
+
 def is_echo(text: str, role: str, query: str, asked: set[str] | None = None) -> bool:
     """Whether a retrieved chunk repeats the query (`asked`: the query's `terms`) rather than
     answering it: a near-duplicate of a question, or a user turn asking a matching question.
@@ -67,15 +95,14 @@ def is_echo(text: str, role: str, query: str, asked: set[str] | None = None) -> 
     # STEM_FORMS written forms: a text with more distinct words than that is none, told by set
     # operations before stemming its words (stemming every retrieved chunk was most of a
     # search's fusion time).
-    written = {word for word in _words(_LABEL.sub("", text[:2000])) if len(word) > 1} - STOP_WORDS
-    if len(written) > STEM_FORMS * (len(asked) + QUESTION_EXTRA_TERMS) + 1:  # +1: a word cut at 2,000
+    if _written_count(text) > STEM_FORMS * (len(asked) + QUESTION_EXTRA_TERMS) + 1:  # +1: a word cut at 2,000
         return False
-    own = set(terms(_LABEL.sub("", text[:4000])))
+    own = _own_terms(text)
     if not own or not asked:
         return False
-    if _words(_LABEL.sub("", text)) == _words(query):  # the query itself, resent
+    if list(_unlabelled_words(text)) == _words(query):  # the query itself, resent
         return True
-    asks = _ASKING.search(text[:2000]) is not None
+    asks = _asks(text)
     shared = len(own & asked)
     if ((asks or _ASKING.search(query)) and shared / len(asked) >= ECHO_OVERLAP
             and not own - asked):

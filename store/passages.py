@@ -26,6 +26,7 @@ _SUFFIXES = ("ing", "ed", "es", "s")
 STRUCTURE_LINES = 8
 
 
+@lru_cache(maxsize=1 << 15)  # a search stems the same few thousand words request after request
 def stem(word: str) -> str:
     """A crude suffix strip ("holds" -> "hold", "migrations" -> "migration"), enough to match
     a question's words against a line's; words of four letters or fewer stay whole."""
@@ -136,11 +137,16 @@ _BETWEEN = "|".join(sorted(STOP_WORDS, key=len, reverse=True))
 
 @lru_cache(maxsize=64)
 def _phrase_patterns(phrases: frozenset[tuple[str, str]]) -> list[tuple[tuple[str, str], re.Pattern[str]]]:
+    return [(pair, _phrase_pattern(pair)) for pair in sorted(phrases)]
+
+
+@lru_cache(maxsize=1024)  # by pair: a new question shares most of its pairs with earlier ones
+def _phrase_pattern(pair: tuple[str, str]) -> re.Pattern[str]:
     def word(stemmed: str) -> str:
         return rf"\b{re.escape(stemmed)}(?:e|ing|ed|es|s)?\b"
 
     gap = rf"(?:\W+(?:{_BETWEEN}|[^\W\d])\b)*\W+"
-    return [(pair, re.compile(word(pair[0]) + gap + word(pair[1]))) for pair in sorted(phrases)]
+    return re.compile(word(pair[0]) + gap + word(pair[1]))
 
 
 # "the 27th parameter", "item 27", "number 27", "#27": a question asking for one entry of a

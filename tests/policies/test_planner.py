@@ -193,3 +193,23 @@ def test_refit_grows_nothing_that_fits_and_cuts_what_does_not(counter):
     fitted, stats = refit(messages, 0, size // 2, 1.0, counter)
     assert counter.count_messages(fitted) <= size // 2 and stats.dropped_messages > 0
     assert refit([user("x " * 9_000)], 0, 100, 1.0, counter) is None
+
+
+@pytest.mark.parametrize("injection", ["system", "user"])
+@pytest.mark.parametrize("placement", ["message", "user"])
+def test_the_view_s_count_is_its_messages_count_with_placeholders_blocks_and_a_recalled_block(counter, injection,
+                                                                                               placement):
+    # The projection counts the tail from compaction's per-event sums and only the rest afresh, and
+    # the recalled view only what the block changed: the figures must equal a plain count of the
+    # messages sent (a fresh counter: no cache shared with the plan).
+    history = [*session(10, result_words=600), user("Where was module 2?")]
+    req = request(counter, history, budget=14_000, checkpoints=[checkpoint(history, 7)], compact_trigger_ratio=0.3,
+                  injection=injection)
+    req.pinned_block, req.pinned_tokens = "Always answer in English.", 8
+    planned = plan(req)
+    assert planned.found is not None and planned.compacted > 0  # a summary block and placeholders
+    fresh = type(counter)()
+    assert planned.raw_tokens == total(fresh, planned, req)
+    with_block = fit(req, planned, Recalled(BLOCK, placement))
+    assert with_block is not None and with_block.tailored is None
+    assert with_block.raw_tokens == total(fresh, with_block, req)
