@@ -9,7 +9,6 @@ that the shell creates and passes in; there is no module-level state.
 from __future__ import annotations
 
 import math
-import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -17,6 +16,7 @@ import orjson
 import tiktoken
 
 from policies.messages import TEXT_PART_TYPES, call_arguments, call_name
+from policies.path_memo import PathMemo
 
 # OpenAI's accounting (openai-cookbook "How to count tokens"): every message costs 3 tokens of
 # framing, a name costs 1 more, and the reply is primed with 3.
@@ -49,8 +49,7 @@ class TokenCounter:
         self._slices: OrderedDict[tuple, tuple[str, str, int] | None] = OrderedDict()
         self._slice_cache_size = max(1, slice_cache_size)
         # count_path: tokens of a path's messages up to an id (store/canonical.py path_ids).
-        self._paths: OrderedDict[str, int] = OrderedDict()
-        self._paths_lock = threading.Lock()  # views are built in worker threads too (gateway/pipeline/offload.py)
+        self._paths = PathMemo(stride=PATH_STRIDE, look_back=PATH_LOOK_BACK)
 
     # -- raw text -------------------------------------------------------------------------
 
@@ -176,39 +175,19 @@ class TokenCounter:
         leading part: O(new messages) rather than one cache lookup per message of the
         history. An id names its whole path, so an earlier message edited gives every later
         message a new id, and the path is counted afresh from the edit."""
-        n = len(ids)
-        if len(msgs) != n:
+        if len(msgs) != len(ids):
             raise ValueError("count_path: one id per message")
-        start, total = self.path_start(ids)
-        paths = self._paths
-        kept: list[tuple[str, int]] = []
-        for i in range(start, n):
-            total += self.count_message(msgs[i], ids[i])
-            if (i + 1) % PATH_STRIDE == 0 or i + 1 == n:
-                kept.append((ids[i], total))
-        if kept:
-            with self._paths_lock:
-                for key, value in kept:
-                    paths[key] = value
-                    paths.move_to_end(key)
-                while len(paths) > PATH_SUMS_KEPT:
-                    paths.popitem(last=False)
-        return total
+
+        def walk(total: int, start: int, stop: int) -> int:
+            return total + sum(self.count_message(msgs[i], ids[i]) for i in range(start, stop))
+
+        return self._paths.fold(ids, walk, 0, keep=PATH_SUMS_KEPT)
 
     def path_start(self, ids: list[str]) -> tuple[int, int]:
         """(how many leading messages of the path ``count_path`` would not count again, their
         tokens): the longest leading part whose sum is remembered; (0, 0) when none is."""
-        n = len(ids)
-        with self._paths_lock:
-            paths = self._paths
-            ends = range(n, max(0, n - PATH_LOOK_BACK), -1)  # an earlier path's end, near this one's
-            strides = range((n // PATH_STRIDE) * PATH_STRIDE, 0, -PATH_STRIDE)  # else a kept stride
-            for end in (*ends, *strides):
-                found = paths.get(ids[end - 1])
-                if found is not None:
-                    paths.move_to_end(ids[end - 1])
-                    return end, found
-        return 0, 0
+        start, total = self._paths.start(ids)
+        return start, total or 0
 
     def count_tools(self, tools: list | None) -> int:
         """Tokens of the tool schemas, approximated by their JSON; cached by the JSON's hash."""

@@ -12,9 +12,8 @@ input is priced as cached by the model's cache rule (its minimum prefix and step
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 from policies import TokenCounter
+from policies.path_memo import PathMemo
 from policies.cost import (SUMMARY_TOKENS_PER_WORD, SummaryCase, cacheable, cost_rates, requests_on_path,
                            requests_seen, summary_due as cost_summary_due, turns_after)
 
@@ -23,38 +22,18 @@ __all__ = ["growth_on_path", "requests_on_path", "requests_on_ids", "summary_due
 TURNS_MEMO = 4096  # path points remembered (event id -> client turns up to it, its role)
 TURNS_LOOKBACK = 16  # how far back from a path's end an earlier path's end is looked for
 TURNS_STRIDE = 32  # also remembered: every 32nd message (a sibling branch's shared history)
-_turns: OrderedDict[str, tuple[int, str | None]] = OrderedDict()
+_turns = PathMemo(stride=TURNS_STRIDE, look_back=TURNS_LOOKBACK)
 
 
 def requests_on_ids(history: list[dict], ids: list[str] | None) -> int:
     """``requests_on_path`` of a path whose event ids are `ids`, counted on from the longest
-    leading part remembered (an event id names the whole path up to it): an earlier path's end
-    among its last few messages, else a kept stride. A resent history costs a count of what it
-    added, not a walk over all of it; an edited message changes every later id (counted afresh)."""
-    n = len(history)
-    if not ids or len(ids) != n:
+    leading part remembered (``PathMemo``): a resent history costs a count of what it added,
+    not a walk over all of it; an edited message changes every later id (counted afresh)."""
+    if not ids or len(ids) != len(history):
         return requests_on_path(history)
-    start, state = 0, (0, None)
-    ends = range(n, max(0, n - TURNS_LOOKBACK), -1)
-    strides = range((n // TURNS_STRIDE) * TURNS_STRIDE, 0, -TURNS_STRIDE)
-    for at in (*ends, *strides):
-        found = _turns.get(ids[at - 1])
-        if found is not None:
-            start, state = at, found
-            break
-    kept = []
-    at = start
-    while at < n:  # the walk, a stride at a time, keeping the state at each stride and the end
-        stop = min(n, (at // TURNS_STRIDE + 1) * TURNS_STRIDE)
-        state = turns_after(history[at:stop], *state)
-        kept.append((ids[stop - 1], state))
-        at = stop
-    for key, value in kept:
-        _turns[key] = value
-        _turns.move_to_end(key)
-    while len(_turns) > TURNS_MEMO:
-        _turns.popitem(last=False)
-    return state[0]
+    turns, _ = _turns.fold(ids, lambda state, start, stop: turns_after(history[start:stop], *state), (0, None),
+                           keep=TURNS_MEMO)
+    return turns
 
 
 def growth_on_path(history: list[dict], ids: list[str], counter: TokenCounter) -> int:
