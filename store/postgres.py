@@ -258,6 +258,9 @@ class PostgresLedger:
         with self._pool.connection() as conn:
             return conn.execute(query, args).fetchall()
 
+    def holds(self, session_key: str, eid: str) -> bool:
+        return self._one("SELECT 1 FROM events WHERE session_key = %s AND id = %s", (session_key, eid)) is not None
+
     def get(self, session_key: str, eid: str) -> Event | None:
         row = self._one(f"SELECT {_EVENT_COLUMNS} FROM events WHERE session_key = %s AND id = %s", (session_key, eid))
         return _event(row) if row is not None else None

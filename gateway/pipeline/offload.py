@@ -106,14 +106,11 @@ def light_sync(ledger, ref: SessionRef, chat: ChatRequest, ids: list[str]) -> bo
     the network (its calls go to a thread anyway)."""
     if getattr(ledger, "blocking", False):
         return False
-    # An existence check (the embedded ledger's cache or an index look-up), not a read of the
-    # event's row; a ledger without one is asked for the event.
-    holds = getattr(ledger, "holds", None) or (lambda key, eid: ledger.get(key, eid) is not None)
     new = 1
     while new <= SYNC_INLINE_NEW and new < len(ids):  # the last message new, or the last 2, 4, ...
         at = len(ids) - 1 - new
         try:
-            if holds(ref.key, ids[at]):
+            if ledger.holds(ref.key, ids[at]):  # an existence check, not a read of the row
                 return not is_heavy(chat.history[at + 1:])
         except StoreBusy:  # another process writes: the sync waits for it off the loop
             return False

@@ -205,6 +205,16 @@ def test_both_backends_implement_the_store_interfaces(stores):
     ledger.ping()
 
 
+def test_holds_answers_for_the_session_and_its_incarnation(stores):
+    ledger, _ = stores()
+    ref = SessionRef("t", "holds")
+    ids = ledger.sync(ref, CONVERSATION).ids
+    assert all(ledger.holds(ref.key, eid) for eid in ids)
+    assert not ledger.holds(ref.key, "ev_missing") and not ledger.holds("t:other", ids[0])
+    ledger.delete_session(ref.key)
+    assert not ledger.holds(ref.key, ids[0])
+
+
 def test_path_to_walks_up_to_the_root(stores):
     ledger, _ = stores()
     ref = SessionRef("t", "path")
