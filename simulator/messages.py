@@ -27,7 +27,7 @@ from simulator.messages_rules import (LOOKBACK_BLOCKS, MIN_CACHEABLE, AnthropicE
 from simulator.script import Answer, decide, markers
 from simulator.signing import thinking_signature
 from simulator.state import PUPPET_STATE, PuppetState, record, summary_faults
-from simulator.streaming import pieces, stall
+from simulator.streaming import cut, pieces, stall, stream_faults
 
 
 async def _body(request: web.Request, *, counting: bool = False) -> dict[str, Any]:
@@ -138,7 +138,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
                "usage": usage}
     headers = {"request-id": f"req_{message['id'][4:]}", "anthropic-organization-id": "puppet"}
     if body.get("stream"):
-        return await stream_message(request, message, headers, marks.get("stall", 0.0))
+        return await stream_message(request, message, headers, *stream_faults(request, marks))
     return web.Response(body=orjson.dumps(message), content_type="application/json", headers=headers)
 
 
@@ -181,7 +181,7 @@ def stream_events(message: dict[str, Any], chunk_chars: int) -> list[tuple[str, 
 
 
 async def stream_message(request: web.Request, message: dict[str, Any], headers: dict[str, str],
-                         stall_s: float) -> web.StreamResponse:
+                         stall_s: float, die_after: int = 0) -> web.StreamResponse:
     state = request.app[PUPPET_STATE]
     stream = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
                                          "Cache-Control": "no-cache",
@@ -191,6 +191,9 @@ async def stream_message(request: web.Request, message: dict[str, Any], headers:
         for number, (name, data) in enumerate(stream_events(message, state.chunk_chars)):
             await stream.write(b"event: " + name.encode() + b"\ndata: "
                                + orjson.dumps({"type": name, **data}) + b"\n\n")
+            if number + 1 == die_after:
+                await cut(request)
+                return stream
             if number == 0 and stall_s:
                 await stall(request, stall_s)
             if state.chunk_delay_s:

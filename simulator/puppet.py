@@ -14,6 +14,7 @@ Its next move is written in the last message (docs/architecture.md, "The simulat
     [[fail STATUS]]         answer with that HTTP status and an OpenAI error envelope
     [[sleep SECONDS]]       wait before answering (timeouts)
     [[stall SECONDS]]       streaming: send the first chunk, then wait (disconnects)
+    [[die N]]               streaming: send N events, then reset the connection
     anything else           "ok: <first 40 chars of the last user message>"
 
 The same script answers ``POST /v1/responses`` (simulator.responses) and Anthropic's
@@ -46,7 +47,7 @@ from simulator import messages, responses
 from simulator.script import RECALL_ANSWER_CHARS, Answer, decide, markers
 from simulator.state import (DEFAULT_MODELS, FIXTURE_MODELS, PUPPET_STATE, RECEIVED, PuppetState,
                              record, summary_faults)
-from simulator.streaming import ratelimit_headers, stream_completion
+from simulator.streaming import ratelimit_headers, stream_completion, stream_faults
 from simulator.summary import SUMMARY_WORD_LIMIT, render_summary
 from simulator.validation import VALID_ROLES, check_window, parse_json_body, validate_chat
 
@@ -113,7 +114,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     head = {"id": completion_id, "created": int(time.time()), "model": model,
             "system_fingerprint": FINGERPRINT, "service_tier": "default"}
     if body.get("stream"):
-        return await stream_completion(request, head, choices, usage, body, marks.get("stall", 0.0))
+        return await stream_completion(request, head, choices, usage, body, *stream_faults(request, marks))
     completion = {**head, "object": "chat.completion", "choices": choices, "usage": usage}
     return web.Response(body=orjson.dumps(completion), content_type="application/json",
                         headers=ratelimit_headers())

@@ -28,7 +28,7 @@ from simulator.responses_stream import stream_response
 from simulator.script import Answer, decide, markers
 from simulator.signing import sign
 from simulator.state import PUPPET_STATE, PuppetState, cached_prefix, record, summary_faults
-from simulator.streaming import ratelimit_headers
+from simulator.streaming import ratelimit_headers, stream_faults
 from simulator.summary import render_summary
 from simulator.validation import parse_json_body
 
@@ -118,7 +118,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     if body.get("store") is not False:
         keep(state, response, items)
     if body.get("stream"):
-        return await stream_response(request, response, marks.get("stall", 0.0))
+        return await stream_response(request, response, *stream_faults(request, marks))
     return web.Response(body=orjson.dumps(response), content_type="application/json",
                         headers=ratelimit_headers())
 

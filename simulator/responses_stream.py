@@ -17,7 +17,7 @@ import orjson
 from aiohttp import web
 
 from simulator.state import PUPPET_STATE
-from simulator.streaming import pieces, stall, ratelimit_headers
+from simulator.streaming import cut, pieces, stall, ratelimit_headers
 
 
 def events(response: dict[str, Any], chunk_chars: int) -> list[dict[str, Any]]:
@@ -67,7 +67,7 @@ def _item_events(index: int, item: dict[str, Any], chunk_chars: int) -> list[dic
 
 
 async def stream_response(request: web.Request, response: dict[str, Any],
-                          stall_s: float) -> web.StreamResponse:
+                          stall_s: float, die_after: int = 0) -> web.StreamResponse:
     state = request.app[PUPPET_STATE]
     stream = web.StreamResponse(headers={
         "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
@@ -80,6 +80,9 @@ async def stream_response(request: web.Request, response: dict[str, Any],
                      **{k: v for k, v in event.items() if k != "type"}}
             await stream.write(b"event: " + event["type"].encode() + b"\ndata: "
                                + orjson.dumps(event) + b"\n\n")
+            if number + 1 == die_after:
+                await cut(request)
+                return stream
             if number == 1 and stall_s:
                 await stall(request, stall_s)
             if state.chunk_delay_s:

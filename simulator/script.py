@@ -21,7 +21,7 @@ class Answer:
     calls: list[tuple[str, str]] = field(default_factory=list)  # (name, arguments JSON)
 
 
-_MARKER = re.compile(r"\[\[(fail|sleep|stall)\s+([\d.]+)\s*\]\]")
+_MARKER = re.compile(r"\[\[(fail|sleep|stall|die)\s+([\d.]+)\s*\]\]")
 _CALL = re.compile(r"\[\[call\s+([\w.\-]+)\s*")
 _PARALLEL = re.compile(r"\[\[parallel\s+([^\]]+)\]\]")
 _RECALL = re.compile(r"RECALL:\s*(.+)", re.S)

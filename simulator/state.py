@@ -26,6 +26,11 @@ class PuppetState:
     latency_s: float
     # Statuses that the next chat completions fail with, first in first out.
     failures: list[int] = field(default_factory=list)
+    # Faults the next streamed answers meet (not summary calls), first in first out, before the
+    # last message's markers: ("stall", seconds) after the first event, ("die", n) a reset
+    # after n events; ("stall", 0) lets one answer through untouched. One-shot, so a client can
+    # retry the very request that failed.
+    stream_faults: list[tuple[str, float]] = field(default_factory=list)
     # Pause between streamed chunks, to make streams observable in flight.
     chunk_delay_s: float = 0.0
     # Keep at most this many entries in RECEIVED (None: all); benchmarks bound it.

@@ -1,4 +1,4 @@
-"""Streaming: the SSE chunks the official SDK parses, with stalls and client disconnects."""
+"""Streaming: the SSE chunks the official SDK parses, with stalls, resets and client disconnects."""
 
 from __future__ import annotations
 
@@ -18,9 +18,32 @@ def ratelimit_headers() -> dict[str, str]:
             "openai-processing-ms": "1"}
 
 
+class _Cut(Exception):
+    """The stream's scripted reset is due."""
+
+
+def stream_faults(request: web.Request, marks: dict[str, float]) -> tuple[float, int]:
+    """(seconds to stall after the first event, events before a reset; 0: none) for one
+    streamed answer: the next of the state's ``stream_faults`` (a summary call takes none), else
+    the last message's ``[[stall S]]`` / ``[[die N]]``."""
+    state = request.app[PUPPET_STATE]
+    if state.stream_faults and request.headers.get("x-palimpsest-purpose", "").lower() != "summary":
+        kind, value = state.stream_faults.pop(0)
+        return (value, 0) if kind == "stall" else (0.0, max(1, int(value)))
+    return marks.get("stall", 0.0), int(marks.get("die", 0))
+
+
+async def cut(request: web.Request) -> None:
+    """End a stream the way a dropped connection does: what was written has time to reach the
+    client, then the connection is reset (no end of the chunked body, no final event)."""
+    await asyncio.sleep(0.05)
+    if request.transport is not None:
+        request.transport.abort()
+
+
 async def stream_completion(request: web.Request, head: dict[str, Any],
                             choices: list[dict[str, Any]], usage: dict[str, Any],
-                            body: dict[str, Any], stall_s: float) -> web.StreamResponse:
+                            body: dict[str, Any], stall_s: float, die_after: int = 0) -> web.StreamResponse:
     state = request.app[PUPPET_STATE]
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     response = web.StreamResponse(headers={
@@ -29,15 +52,20 @@ async def stream_completion(request: web.Request, head: dict[str, Any],
         **ratelimit_headers()})
     await response.prepare(request)
     base = {**head, "object": "chat.completion.chunk"}
+    sent = 0
 
     async def send(index: int | None, delta: dict[str, Any] | None, finish: str | None = None,
                    chunk_usage: dict[str, Any] | None = None) -> None:
+        nonlocal sent
         chunk = dict(base)
         chunk["choices"] = [] if index is None else [
             {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}]
         if include_usage:
             chunk["usage"] = chunk_usage
         await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        sent += 1
+        if sent == die_after:
+            raise _Cut
         if state.chunk_delay_s:
             await asyncio.sleep(state.chunk_delay_s)
 
@@ -62,6 +90,8 @@ async def stream_completion(request: web.Request, head: dict[str, Any],
             await send(None, None, chunk_usage=usage)
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
+    except _Cut:
+        await cut(request)
     except (ConnectionResetError, asyncio.CancelledError):
         state.disconnected.append(head["id"])
         raise

@@ -11,6 +11,7 @@ import pytest
 
 from gateway.keys import LEDGER
 from tests.pipeline.formats import WIRES, main_requests, run_loop
+from tests.pipeline.test_storage import on_a_fresh_host
 from tests.support.agent import settle
 
 ECONOMY = {"profile": "economy", "summary_trigger_ratio": 0.3}
@@ -81,7 +82,9 @@ async def test_a_request_over_the_window_is_refused_and_stores_nothing(wire, ups
     assert gw.app[LEDGER].sessions() == []
 
 
-async def test_a_tenant_over_its_storage_quota_gets_429_and_stores_nothing(wire, upstream, start_gateway, tmp_path):
+async def test_a_tenant_over_its_storage_quota_gets_429_and_stores_nothing(wire, upstream, start_gateway, tmp_path,
+                                                                          monkeypatch):
+    on_a_fresh_host(monkeypatch)  # time.monotonic() below quota.REFRESH_S: the first 10 minutes after boot
     gw = await start_gateway(tenants={"small": {"key": "pk-small", "max_stored_mb": 0.01}},
                              store={"path": str(tmp_path / "data")})
     async with aiohttp.ClientSession() as http:
