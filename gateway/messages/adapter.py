@@ -313,4 +313,4 @@ def render_body(chat: ChatRequest, messages: list[dict], tools: list[dict] | Non
         body["system"] = [*(_blocks(client_system) if client_system else []),
                           *({"type": "text", "text": text} for text in extra)]
     # The last result the view compacted ends the prefix that stays until the next compaction event.
-    return place_breakpoints(body, client_system_blocks=own, frontier=changed[-1] if changed else None)
+    return place_breakpoints(body, client_system_blocks=own, frontier=changed[-1] if changed else None, client=chat.body)
