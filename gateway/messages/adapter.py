@@ -36,7 +36,7 @@ from typing import Any
 import orjson
 
 from gateway.pipeline.request import ChatRequest, json_object
-from gateway.messages.cache_breakpoints import place_breakpoints
+from gateway.messages.cache_breakpoints import asks_an_hour, place_breakpoints
 from gateway.messages import shape
 from policies.conversation import assistant_message, opaque_identity, wire_items, with_wire
 
@@ -54,7 +54,7 @@ def parse_messages_request(raw: bytes) -> ChatRequest:
         instructions.append(with_wire({"role": "system", "content": system_text(system)}, FORMAT, []))
     more, history = to_neutral(messages[compaction_start(messages):])
     return ChatRequest(raw, body, body["model"], bool(body.get("stream")), instructions + more, history,
-                       body.get("max_tokens") or 0, format=FORMAT)
+                       body.get("max_tokens") or 0, format=FORMAT, long_cache=asks_an_hour(body))
 
 
 def system_text(system: Any) -> str:

@@ -103,6 +103,12 @@ def _ttls(body: dict) -> tuple[bool, bool, str | None]:
             _ttl(convo[-1]) if convo else None)
 
 
+def asks_an_hour(body: dict) -> bool:
+    """The client marks a message for the 1-hour TTL: its conversation, and so the gateway's
+    markers standing for it, are written at the 1-hour rate."""
+    return _ttls(body)[1]
+
+
 def _mark_newest(messages: list, ttl: str | None = None):
     """A marker on the newest message's last markable block (in a copy): its cache_control
     object, None if there is no such block."""

@@ -125,6 +125,26 @@ def test_rendered_breakpoints_follow_the_clients_ttls():
     assert b == sent
 
 
+def test_a_request_asks_an_hour_when_a_message_marker_does():
+    b = fixture_body()
+    assert not fmt.parse_messages_request(fmt.orjson.dumps(b)).long_cache
+    b["system"][-1]["cache_control"] = dict(HOUR)  # the system alone: the conversation is 5 minutes
+    assert not fmt.parse_messages_request(fmt.orjson.dumps(b)).long_cache
+    b["messages"][-1]["content"][-1]["cache_control"] = dict(HOUR)
+    assert fmt.parse_messages_request(fmt.orjson.dumps(b)).long_cache
+
+
+async def test_the_cost_model_prices_a_one_hour_clients_rewrites_at_the_hours_rate(start_gateway):
+    from gateway.keys import MESSAGES
+    from policies.cost import cost_rates
+    from store.records import SessionRef
+
+    gw = await start_gateway()
+    views, ref = gw.app[MESSAGES].recorder.views, SessionRef("t", "s")
+    assert cost_rates(views.policy_for("claude-sonnet-4-5", ref)).write == 1.25
+    assert cost_rates(views.policy_for("claude-sonnet-4-5", ref, True)).write == 2.0
+
+
 @pytest.mark.parametrize("newest", [SHORT, None])
 def test_without_an_hour_the_markers_are_as_before(newest):
     b = fixture_body()
