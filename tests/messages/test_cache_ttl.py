@@ -85,8 +85,17 @@ async def test_a_one_hour_client_keeps_its_hour_on_the_long_prefix_and_every_req
         assert split.ephemeral_1h_input_tokens + split.ephemeral_5m_input_tokens == answer.usage.cache_creation_input_tokens
     assert compacted >= 3
     # Hour-long writes where the gateway rewrote the compacted prefix, 5-minute ones for the tail.
-    assert sum(a.usage.cache_creation.ephemeral_1h_input_tokens for a in answers[1:]) > 0
-    assert sum(a.usage.cache_creation.ephemeral_5m_input_tokens for a in answers[1:]) > 0
+    hour = sum(a.usage.cache_creation.ephemeral_1h_input_tokens for a in answers)
+    short = sum(a.usage.cache_creation.ephemeral_5m_input_tokens for a in answers)
+    assert hour > 0 and short > 0
+    # The metrics bill the client's calls by the same split.
+    from gateway.keys import METRICS
+
+    registry = gw.app[METRICS].registry
+    billed = {kind: registry.get_sample_value("palimpsest_upstream_billed_tokens_total",
+                                              {"model": "fake-32k", "caller": "client", "kind": kind}) or 0
+              for kind in ("cache_write", "cache_write_1h")}
+    assert billed == {"cache_write": short, "cache_write_1h": hour}
 
 
 async def test_a_client_mixing_an_hour_on_its_system_and_five_minutes_on_messages(upstream, start_gateway):
@@ -123,6 +132,21 @@ def test_rendered_breakpoints_follow_the_clients_ttls():
     assert system[-1] == "1h" and all(t == "1h" for t in system) and ordered(out)
     assert convo[-1] == (True, "5m" if len(convo) > 1 else "1h")
     assert b == sent
+
+
+def test_usage_keeps_the_ttl_split_when_summed_and_in_the_chat_shape():
+    from gateway.messages.stream import add_usage, chat_usage
+    from policies.prices import read_usage
+
+    one = {"input_tokens": 5, "cache_read_input_tokens": 100, "cache_creation_input_tokens": 30, "output_tokens": 7,
+           "cache_creation": {"ephemeral_5m_input_tokens": 10, "ephemeral_1h_input_tokens": 20}}
+    two = {**one, "cache_creation": {"ephemeral_5m_input_tokens": 30, "ephemeral_1h_input_tokens": 0}}
+    summed = add_usage(add_usage(None, one), two)  # a recall loop's rounds
+    assert summed["cache_creation"] == {"ephemeral_5m_input_tokens": 40, "ephemeral_1h_input_tokens": 20}
+    assert summed["cache_creation_input_tokens"] == 60
+    billed = read_usage(chat_usage(summed))
+    assert (billed.uncached, billed.cached, billed.cache_write, billed.cache_write_1h) == (10, 200, 60, 20)
+    assert billed == read_usage(summed)
 
 
 def test_a_request_asks_an_hour_when_a_message_marker_does():
