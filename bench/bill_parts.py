@@ -28,23 +28,27 @@ class Call:
     prompt: int  # all prompt tokens
     cached: int  # read from the cache
     written: int  # written to the cache (billed at the write rate)
+    written_1h: int = 0  # of `written`, under Anthropic's 1-hour TTL (billed at the 1-hour write rate)
 
 
-def cost(call: Call, read: float, write: float) -> float:
-    return read * call.cached + write * call.written + (call.prompt - call.cached - call.written)
+def cost(call: Call, read: float, write: float, write_1h: float | None = None) -> float:
+    hour = write if write_1h is None else write_1h
+    return (read * call.cached + write * (call.written - call.written_1h) + hour * call.written_1h
+            + (call.prompt - call.cached - call.written))
 
 
-def breakdown(calls: list[Call], growth: list[int], ideal: float, *, read: float = 0.1, write: float = 1.0) -> dict[str, float]:
+def breakdown(calls: list[Call], growth: list[int], ideal: float, *, read: float = 0.1, write: float = 1.0,
+              write_1h: float | None = None) -> dict[str, float]:
     """The bill's parts over `ideal` (and ``total``). `growth`: new client tokens per client
     request, in order (matched to the ``main`` calls; extra calls get none)."""
     out = dict.fromkeys(PARTS, 0.0)
     mains = 0
     for call in calls:
         if call.kind == "summary":
-            out["summaries"] += cost(call, read, write)
+            out["summaries"] += cost(call, read, write, write_1h)
             continue
         if call.kind == "recall":
-            out["recall rounds"] += cost(call, read, write)
+            out["recall rounds"] += cost(call, read, write, write_1h)
             continue
         new = min(call.prompt - call.cached, growth[mains] if mains < len(growth) else 0)
         mains += 1
@@ -52,7 +56,7 @@ def breakdown(calls: list[Call], growth: list[int], ideal: float, *, read: float
         # New tokens are written to the cache when the prompt is cacheable: price them as the
         # call paid its uncached part, on average.
         uncached = call.prompt - call.cached
-        paid = cost(call, read, write) - read * call.cached
+        paid = cost(call, read, write, write_1h) - read * call.cached
         out["main new tokens"] += paid * new / uncached if uncached else 0.0
         out["main rewrites"] += paid * (uncached - new) / uncached if uncached else 0.0
     out = {k: v / ideal for k, v in out.items()}

@@ -45,13 +45,21 @@ from gateway.app import create_app  # noqa: E402
 from gateway.keys import METRICS  # noqa: E402
 from gateway.settings import load_settings  # noqa: E402
 from simulator.messages_rules import blocks  # noqa: E402
-from simulator.puppet import RECEIVED, create_puppet_app  # noqa: E402
+from simulator.puppet import PUPPET_STATE, RECEIVED, create_puppet_app  # noqa: E402
 
 BASH = {"name": "Bash", "description": "Executes a bash command and returns its output.",
         "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}
 SYSTEM = [{"type": "text", "text": "You are a coding agent. " * 200, "cache_control": {"type": "ephemeral"}}]
 HEADERS = {"anthropic-beta": "interleaved-thinking-2025-05-14"}
 WRITE_RATE = 1.25  # a cache write: 1.25x with the 5-minute TTL, 2x with the 1-hour one (--write-rate)
+# --client-ttl: the client's markers ask this TTL (as Claude Code's do: the same ttl on its system
+# and its newest message), and every bill is priced from usage's split: 5-minute writes 1.25x,
+# 1-hour writes 2x ("": the markers carry no ttl and --write-rate prices every write).
+CLIENT_TTL = ""
+WRITE_5M, WRITE_1H = 1.25, 2.0
+# --pause-every N: before every Nth step the user is away --pause-s seconds (the simulator's cache
+# clock jumps; entries whose TTL that outlives are gone). 0: no pauses.
+PAUSE_EVERY, PAUSE_S, AWAY = 0, 600.0, [0.0]
 
 
 SEED = 0  # --seed: another sequence of output sizes (0: the sizes every earlier figure used)
@@ -62,6 +70,19 @@ def output(step: int) -> str:
     filler = " ".join(f"log{step}.{i} ok" for i in range(words // 3))
     return (f"fact {step}: the build artifact of step {step} is /srv/out/step{step}-{step * 7919 % 1000}.bin\n"
             f"{filler}\n[[call Bash {{\"command\": \"step {step + 1}\"}}]]")
+
+
+def system() -> list[dict]:
+    return [{**SYSTEM[0], "cache_control": marker()}]
+
+
+def marker() -> dict:
+    return {"type": "ephemeral", "ttl": CLIENT_TTL} if CLIENT_TTL else {"type": "ephemeral"}
+
+
+def write_rates() -> tuple[float, float | None]:
+    """(a write's rate, a 1-hour write's rate): from usage's split with --client-ttl."""
+    return (WRITE_5M, WRITE_1H) if CLIENT_TTL else (WRITE_RATE, None)
 
 
 def meter(calls: list[tuple[str, Call]], phase: list[str]):
@@ -77,8 +98,9 @@ def meter(calls: list[tuple[str, Call]], phase: list[str]):
             kind = ("summary" if request.headers.get("x-palimpsest-purpose") == "summary" else
                     "recall" if is_recall_round(body) else "main")
             read, written = usage.get("cache_read_input_tokens") or 0, usage.get("cache_creation_input_tokens") or 0
+            hour = (usage.get("cache_creation") or {}).get("ephemeral_1h_input_tokens") or 0
             calls.append((phase[0] if kind != "summary" else "summary-" + body.get("model", ""),
-                          Call(kind, usage.get("input_tokens", 0) + read + written, read, written)))
+                          Call(kind, usage.get("input_tokens", 0) + read + written, read, written, hour)))
         return response
     return middleware
 
@@ -107,14 +129,15 @@ async def serve(app: web.Application) -> tuple[web.AppRunner, str]:
 class Run:
     def __init__(self) -> None:
         self.answered = self.rejected = 0
-        self.client_tokens = self.upstream_tokens = self.read = self.written = self.fresh = 0
+        self.client_tokens = self.upstream_tokens = self.read = self.written = self.fresh = self.written_1h = 0
         self.ideal = 0.0
         self.latency: list[float] = []
         self.history: list[dict] = []
         self.growth: list[int] = []  # client tokens added per request (bench/bill_parts.py)
 
     def billed(self) -> float:
-        return self.fresh + 0.1 * self.read + WRITE_RATE * self.written
+        write, hour = write_rates()
+        return self.fresh + 0.1 * self.read + write * (self.written - self.written_1h) + (hour or write) * self.written_1h
 
 
 async def loop(client: anthropic.AsyncAnthropic, model: str, steps: int, session: str) -> Run:
@@ -122,7 +145,9 @@ async def loop(client: anthropic.AsyncAnthropic, model: str, steps: int, session
     history = [{"role": "user", "content": "Run the chain. [[call Bash {\"command\": \"step 1\"}]]"}]
     previous = 0
     for step in range(1, steps + 1):
-        body = {"model": model, "max_tokens": 2048, "system": SYSTEM, "tools": [BASH], "messages": history,
+        if PAUSE_EVERY and step % PAUSE_EVERY == 0:
+            AWAY[0] += PAUSE_S
+        body = {"model": model, "max_tokens": 2048, "system": system(), "tools": [BASH], "messages": history,
                 "thinking": {"type": "enabled", "budget_tokens": 1024}}
         tokens = sum(t for _, t, _ in blocks(body))
         t0 = time.perf_counter()
@@ -134,13 +159,15 @@ async def loop(client: anthropic.AsyncAnthropic, model: str, steps: int, session
         run.latency.append(time.perf_counter() - t0)
         run.answered += 1
         run.client_tokens += tokens
-        run.ideal += 0.1 * previous + WRITE_RATE * (tokens - previous)
+        # Ideal direct: reads the previous prompt, writes the rest at the client's markers' TTL.
+        run.ideal += 0.1 * previous + (WRITE_1H if CLIENT_TTL == "1h" else write_rates()[0]) * (tokens - previous)
         run.growth.append(tokens - previous)
         previous = tokens
         usage = message.usage
         run.fresh += usage.input_tokens
         run.read += usage.cache_read_input_tokens or 0
         run.written += usage.cache_creation_input_tokens or 0
+        run.written_1h += (usage.cache_creation.ephemeral_1h_input_tokens or 0) if usage.cache_creation else 0
         run.upstream_tokens += usage.input_tokens + (usage.cache_read_input_tokens or 0) + (usage.cache_creation_input_tokens or 0)
         history.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in message.content]})
         call = next(b for b in message.content if b.type == "tool_use")
@@ -148,7 +175,7 @@ async def loop(client: anthropic.AsyncAnthropic, model: str, steps: int, session
             for blk in earlier["content"] if isinstance(earlier["content"], list) else ():
                 blk.pop("cache_control", None)
         history.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
-                                                     "content": output(step), "cache_control": {"type": "ephemeral"}}]})
+                                                     "content": output(step), "cache_control": marker()}]})
     run.history = history
     return run
 
@@ -161,7 +188,7 @@ async def recall(client, model: str, run: Run, questions: int, session: str) -> 
     asked = range(1, max(2, min(questions, run.answered // 2)) + 1)
     for step in asked:
         ask = [*history, {"role": "user", "content": f"RECALL: fact {step}: the build artifact of step {step}"}]
-        message = await client.messages.create(model=model, max_tokens=2048, system=SYSTEM, tools=[BASH], messages=ask,
+        message = await client.messages.create(model=model, max_tokens=2048, system=system(), tools=[BASH], messages=ask,
                                                extra_headers={**HEADERS, "X-Claude-Code-Session-Id": session})
         text = "".join(b.text for b in message.content if b.type == "text")
         found += f"/srv/out/step{step}-{step * 7919 % 1000}.bin" in text
@@ -196,17 +223,19 @@ def row(name: str, run: Run | None, extra: str = "") -> str:
 
 
 async def main(args) -> None:
-    global WRITE_RATE, SEED
-    WRITE_RATE, SEED = args.write_rate, args.seed
+    global WRITE_RATE, SEED, CLIENT_TTL, PAUSE_EVERY, PAUSE_S
+    WRITE_RATE, SEED, CLIENT_TTL, PAUSE_EVERY, PAUSE_S = args.write_rate, args.seed, args.client_ttl, args.pause_every, args.pause_s
     quiet_logs()
     puppet = create_puppet_app(windows={"fake-32k": 32_000, "fake-200k": 200_000})
+    puppet[PUPPET_STATE].clock = lambda: time.monotonic() + AWAY[0]
     metered: list[tuple[str, Call]] = []
     phase = ["direct"]
     puppet.middlewares.append(meter(metered, phase))
     prunner, purl = await serve(puppet)
     with tempfile.TemporaryDirectory() as tmp:
         settings = load_settings(None, upstream={"base_url": purl + "/v1", "format": "anthropic"},
-                                 store={"path": tmp}, policy={"profile": args.profile, "cache_write_rate": WRITE_RATE,
+                                 store={"path": tmp}, policy={"profile": args.profile, "cache_write_rate": write_rates()[0],
+                                                                       "cache_write_1h_rate": write_rates()[1] or WRITE_RATE,
                                                                        **policy_keys(args.policy)})
         gapp = create_app(settings)
         grunner, gurl = await serve(gapp)
@@ -232,8 +261,10 @@ async def main(args) -> None:
                                                  {"model": m, "caller": "summary", "kind": kind}) or 0
                        for m in ("fake-32k", "fake-200k"))
 
-        summary_prompt = summary_tokens("uncached") + summary_tokens("cached") + summary_tokens("cache_write")
-        summary_cost = summary_tokens("uncached") + 0.1 * summary_tokens("cached") + WRITE_RATE * summary_tokens("cache_write")
+        summary_prompt = summary_tokens("uncached") + summary_tokens("cached") + summary_tokens("cache_write") + summary_tokens("cache_write_1h")
+        write, hour = write_rates()
+        summary_cost = (summary_tokens("uncached") + 0.1 * summary_tokens("cached") + write * summary_tokens("cache_write")
+                        + (hour or write) * summary_tokens("cache_write_1h"))
         await grunner.cleanup()
     await prunner.cleanup()
     added = [g - d for g, d in zip(g200.latency, d200.latency)]
@@ -249,7 +280,7 @@ async def main(args) -> None:
     share = lambda r: r.read / r.upstream_tokens if r.upstream_tokens else 0.0  # noqa: E731
     print(f"planted facts recalled through the gateway: {found}/{asked}")
     parts = breakdown([c for p, c in metered if p in ("gw-32k", "summary-fake-32k")], g32.growth, g32.ideal,
-                      read=0.1, write=WRITE_RATE)
+                      read=0.1, write=write_rates()[0], write_1h=write_rates()[1])
     print("Where the 32k loop's bill goes (bench/bill_parts.py; summaries included):")
     print(header())
     print(render(f"gateway fake-32k, {args.profile}", parts))
@@ -277,4 +308,8 @@ if __name__ == "__main__":
                         help="a [policy] key for the gateway (repeatable; VALUE parsed as JSON, else a string)")
     parser.add_argument("--seed", type=int, default=0, help="another sequence of tool-output sizes (0: the default one)")
     parser.add_argument("--write-rate", type=float, default=1.25, help="price of a cache write (2.0: Anthropic's 1-hour TTL)")
+    parser.add_argument("--client-ttl", default="", choices=("", "5m", "1h"),
+                        help="the client's markers ask this TTL, as Claude Code's do; bills priced from usage's 5m/1h split")
+    parser.add_argument("--pause-every", type=int, default=0, help="the user is away before every Nth step (0: never)")
+    parser.add_argument("--pause-s", type=float, default=600.0, help="how long each pause lasts, on the simulator's cache clock")
     asyncio.run(main(parser.parse_args()))

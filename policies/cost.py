@@ -54,14 +54,20 @@ def cost_rates(policy: Any) -> Rates:
                  given(policy.cache_min_tokens, CACHE_MIN_TOKENS), given(policy.cache_step, CACHE_STEP))
 
 
-def with_cache_rule(policy: Any, rule: Any) -> Any:
+def with_cache_rule(policy: Any, rule: Any, *, long_ttl: bool = False) -> Any:
     """`policy` with the cost-model inputs it leaves unset taken from the model's cache rule
-    (``policies.prices.CacheRule``); `policy` itself when there is nothing to fill."""
-    if rule is None:
-        return policy
-    update = {field: value for field, value in (("cached_input_rate", rule.read), ("cache_write_rate", rule.write),
-                                                ("cache_min_tokens", rule.min_tokens), ("cache_step", rule.step))
-              if getattr(policy, field) is None}
+    (``policies.prices.CacheRule``); `policy` itself when there is nothing to fill. ``long_ttl``:
+    the client asks its conversation cached for the provider's long TTL (Anthropic's hour), so
+    the prefixes an event rewrites are written at that TTL's rate (``cache_write_1h_rate``, else
+    the rule's, else ``cache_write_rate``)."""
+    update = {} if rule is None else {
+        field: value for field, value in (("cached_input_rate", rule.read), ("cache_write_rate", rule.write),
+                                          ("cache_min_tokens", rule.min_tokens), ("cache_step", rule.step))
+        if getattr(policy, field) is None}
+    if long_ttl:
+        hour = policy.cache_write_1h_rate if policy.cache_write_1h_rate is not None else getattr(rule, "write_1h", None)
+        if hour is not None:
+            update["cache_write_rate"] = hour
     return policy.model_copy(update=update) if update else policy
 
 

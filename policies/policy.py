@@ -194,6 +194,10 @@ class Policy(BaseModel):
     cache_write_rate: float | None = Field(
         None, ge=0, le=10, description="A cache-written input token's price / an uncached one's (1.0 OpenAI before GPT-5.6, "
         "1.25 GPT-5.6 on and Anthropic); unset: the model's cache rule, else 1.0.")
+    cache_write_1h_rate: float | None = Field(
+        None, ge=0, le=10, description="The same under the provider's long TTL (Anthropic's 1 hour: 2.0), used when the "
+        "client asks its conversation cached that long (the gateway's markers then write at it); unset: the model's cache "
+        "rule, else cache_write_rate.")
     holdout_share: float = Field(
         0.0, ge=0, le=1, description="Share of sessions (deterministic per session) sent as direct: untouched while they "
         "fit, the oldest rounds cut when they do not, still recorded; their metrics carry arm=\"holdout\", the others "

@@ -84,11 +84,14 @@ def read_usage(usage) -> CacheUsage:
 
 
 def _openai_usage(prompt: int, details, output: int) -> CacheUsage:
-    """OpenAI's prompt count holds the cache reads and writes its details report."""
+    """OpenAI's prompt count holds the cache reads and writes its details report (and
+    ``cache_write_1h_tokens``: the gateway's chat-shaped copy of an Anthropic usage's 1-hour
+    writes, gateway/messages/stream.chat_usage)."""
     details = details if isinstance(details, dict) else {}
     cached = min(prompt, _count(details.get("cached_tokens")))
     written = min(prompt - cached, _count(details.get("cache_write_tokens")))
-    return CacheUsage(prompt - cached - written, cached, written, output)
+    return CacheUsage(prompt - cached - written, cached, written, output,
+                      min(written, _count(details.get("cache_write_1h_tokens"))))
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,9 +4,10 @@ The body is checked (simulator.messages_rules), turned into chat messages and an
 chat route's script (simulator.script.decide): with thinking on, a signed thinking block comes
 before every tool_use, so a client that drops or edits it is refused on the next turn. Usage
 follows Anthropic's prompt cache: a breakpoint writes the prefix up to it
-(``cache_creation_input_tokens``), a later request reads the longest written prefix it shares
-within 20 blocks before one of its breakpoints (``cache_read_input_tokens``); ``input_tokens``
-is the rest. Streams carry ``event:`` lines: message_start, ping, content_block_start / delta
+(``cache_creation_input_tokens``, split by TTL in ``cache_creation``) that lives for the
+breakpoint's ``ttl`` (5 minutes or 1 hour, renewed by a read), a later request reads the
+longest live prefix it shares within 20 blocks before one of its breakpoints
+(``cache_read_input_tokens``); ``input_tokens`` is the rest. Streams carry ``event:`` lines: message_start, ping, content_block_start / delta
 (text_delta, input_json_delta, thinking_delta, signature_delta) / stop, message_delta,
 message_stop.
 """
@@ -22,7 +23,7 @@ from aiohttp import web
 
 from simulator.counting import content_text, count_text
 from simulator.errors import PuppetError
-from simulator.messages_rules import (LOOKBACK_BLOCKS, MIN_CACHEABLE, AnthropicError, bad, blocks,
+from simulator.messages_rules import (LOOKBACK_BLOCKS, MIN_CACHEABLE, TTLS, AnthropicError, bad, blocks,
                                       block_text, thinking_on, to_chat, validate)
 from simulator.script import Answer, decide, markers
 from simulator.signing import thinking_signature
@@ -59,25 +60,40 @@ def _tools(body: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"type": "function", "function": {"name": t["name"]}} for t in body.get("tools") or ()]
 
 
-def cache_usage(state: PuppetState, model: str, keyed: list[tuple[bytes, int, bool]]) -> tuple[int, int, int]:
-    """(input, cache creation, cache read) tokens by Anthropic's breakpoint rules."""
+def cache_usage(state: PuppetState, model: str, keyed: list[tuple[bytes, int, str | None]]) -> tuple[int, int, int, int]:
+    """(input, cache creation, cache read, of the creation the 1-hour part) tokens by
+    Anthropic's breakpoint rules. Each breakpoint writes the prefix up to it for its TTL, and a
+    read renews the entry it read. The write is split as Anthropic bills a mix of TTLs: A is the
+    prefix read, B the last 1-hour breakpoint after A (else A), C the last breakpoint; B - A is
+    written at the 1-hour rate, C - B at the 5-minute one."""
     written = state.cache_written.setdefault(model, {})
+    now = state.clock()
     running = hashlib.sha256()
     cum = 0
-    bounds: list[tuple[bytes, int, bool]] = []
-    for key, tokens, breakpoint in keyed:
+    bounds: list[tuple[bytes, int, str | None]] = []
+    for key, tokens, ttl in keyed:
         running.update(hashlib.sha256(key).digest())
         cum += tokens
-        bounds.append((running.digest(), cum, breakpoint))
-    marks = [i for i, (_, _, bp) in enumerate(bounds) if bp]
-    read = max((bounds[j][1] for j in range(len(bounds)) if bounds[j][0] in written
-                and any(0 <= b - j <= LOOKBACK_BLOCKS for b in marks)), default=0)
+        bounds.append((running.digest(), cum, ttl))
+    marks = [i for i, (_, _, ttl) in enumerate(bounds) if ttl]
+    live = [j for j in range(len(bounds)) if bounds[j][0] in written and written[bounds[j][0]][1] >= now
+            and any(0 <= b - j <= LOOKBACK_BLOCKS for b in marks)]
+    hit = max(live, key=lambda j: bounds[j][1], default=None)
+    read = bounds[hit][1] if hit is not None else 0
+    if hit is not None:
+        length, _, ttl_s = written[bounds[hit][0]]
+        written[bounds[hit][0]] = (length, now + ttl_s, ttl_s)
     last = bounds[marks[-1]][1] if marks else 0
     creation = last - read if last >= MIN_CACHEABLE and last > read else 0
+    hour = max((bounds[i][1] for i in marks if bounds[i][2] == "1h"), default=0)
+    hour = min(creation, max(0, hour - read))
     for i in marks:
-        if bounds[i][1] >= MIN_CACHEABLE:
-            written[bounds[i][0]] = bounds[i][1]
-    return cum - read - creation, creation, read
+        digest, length, ttl = bounds[i]
+        if length >= MIN_CACHEABLE:
+            ttl_s = TTLS[ttl]
+            expires = max(now + ttl_s, written[digest][1] if digest in written else 0.0)
+            written[digest] = (length, expires, max(ttl_s, written[digest][2] if digest in written else 0.0))
+    return cum - read - creation, creation, read, hour
 
 
 def build_content(state: PuppetState, answer: Answer, thinking: bool) -> list[dict[str, Any]]:
@@ -116,7 +132,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     window = state.window(body["model"])
     if prompt_tokens > window:
         raise bad(f"prompt is too long: {prompt_tokens} tokens > {window} maximum")
-    fresh, creation, read = cache_usage(state, body["model"], keyed)
+    fresh, creation, read, hour = cache_usage(state, body["model"], keyed)
     delay = state.latency_s + marks.get("sleep", 0.0)
     if delay:
         await asyncio.sleep(delay)
@@ -130,7 +146,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     output_tokens = sum(count_text(block_text(b)) for b in content)
     usage = {"input_tokens": fresh, "cache_creation_input_tokens": creation,
              "cache_read_input_tokens": read, "output_tokens": output_tokens,
-             "cache_creation": {"ephemeral_5m_input_tokens": creation, "ephemeral_1h_input_tokens": 0},
+             "cache_creation": {"ephemeral_5m_input_tokens": creation - hour, "ephemeral_1h_input_tokens": hour},
              "service_tier": "standard"}
     message = {"id": f"msg_puppet{state.next_id():012d}", "type": "message", "role": "assistant",
                "model": body["model"], "content": content,

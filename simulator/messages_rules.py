@@ -3,8 +3,10 @@
 Errors use Anthropic's envelope (`AnthropicError`). `validate` checks the body: the version
 header, ``max_tokens``, roles that alternate from a user turn (mid-conversation ``system``
 messages only under their beta), every ``tool_use`` answered first thing in the next user
-message, at most 4 ``cache_control`` breakpoints, thinking signatures that verify, and with
-thinking on, a thinking block first in the assistant turn a tool loop continues. `blocks` flattens
+message, at most 4 ``cache_control`` breakpoints, each ``ttl`` "5m" or "1h" and no 1-hour one after
+a 5-minute one (in the order tools, system, messages: Anthropic answers 400 otherwise),
+thinking signatures that verify, and with thinking on, a thinking block first in the assistant
+turn a tool loop continues. `blocks` flattens
 the prompt for counting and the prompt cache; `to_chat` gives the script its messages.
 """
 
@@ -33,6 +35,7 @@ ASSISTANT_BLOCKS = ("text", "tool_use", "thinking", "redacted_thinking", "server
 MAX_BREAKPOINTS = 4
 MIN_CACHEABLE = 1024  # tokens, as for Claude's Sonnet and Opus models
 LOOKBACK_BLOCKS = 20  # a breakpoint finds earlier cache entries this many blocks back
+TTLS = {"5m": 300.0, "1h": 3600.0}  # cache_control.ttl -> seconds (no ttl: 5 minutes)
 IMAGE_TOKENS = 1_500
 
 
@@ -105,6 +108,7 @@ def validate(body: Any, headers: Any, secret: bytes, *, counting: bool = False) 
     if breakpoints > MAX_BREAKPOINTS:
         raise bad(f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. "
                   f"Found {breakpoints}.")
+    _check_ttls(body)
     if thinking_on(body):
         _check_thinking_first(messages)
 
@@ -226,13 +230,42 @@ def _check_thinking_first(messages: list[dict[str, Any]]) -> None:
                   "from previous turns. To avoid this requirement, disable `thinking`.")
 
 
-def count_breakpoints(body: dict[str, Any]) -> int:
-    marked = [t for t in body.get("tools") or () if isinstance(t, dict) and t.get("cache_control")]
+def _marked(body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(path, block) of every top-level block with a cache_control, in the cache's order."""
+    out = [(f"tools.{i}", t) for i, t in enumerate(body.get("tools") or ())
+           if isinstance(t, dict) and t.get("cache_control")]
     system = body.get("system")
-    marked += [b for b in system if b.get("cache_control")] if isinstance(system, list) else []
-    for message in body.get("messages") or ():
-        marked += [b for b in _blocks_of(message.get("content")) if b.get("cache_control")]
-    return len(marked)
+    out += [(f"system.{i}", b) for i, b in enumerate(system) if b.get("cache_control")] if isinstance(system, list) else []
+    for m, message in enumerate(body.get("messages") or ()):
+        out += [(f"messages.{m}.content.{k}", b) for k, b in enumerate(_blocks_of(message.get("content")))
+                if b.get("cache_control")]
+    return out
+
+
+def ttl_of(block: dict[str, Any]) -> str | None:
+    """A block's breakpoint TTL ("5m" or "1h"; no ttl is 5 minutes), None without a breakpoint."""
+    control = block.get("cache_control")
+    if not control:
+        return None
+    return control.get("ttl", "5m") if isinstance(control, dict) else "5m"
+
+
+def _check_ttls(body: dict[str, Any]) -> None:
+    """Anthropic's TTL rules: "5m" or "1h", and a 1-hour entry never after a 5-minute one."""
+    short = False
+    for path, block in _marked(body):
+        ttl = ttl_of(block)
+        if ttl not in TTLS:
+            raise bad(f"{path}.cache_control.ephemeral.ttl: Input should be '5m' or '1h'")
+        if ttl == "1h" and short:
+            raise bad(f"{path}.cache_control.ttl: a ttl='1h' cache_control block must not come after a "
+                      "ttl='5m' cache_control block. Note that blocks are processed in the following "
+                      "order: `tools`, `system`, `messages`.")
+        short = short or ttl == "5m"
+
+
+def count_breakpoints(body: dict[str, Any]) -> int:
+    return len(_marked(body))
 
 
 def block_text(block: dict[str, Any]) -> str:
@@ -250,15 +283,16 @@ def block_text(block: dict[str, Any]) -> str:
     return ""
 
 
-def blocks(body: dict[str, Any]) -> list[tuple[bytes, int, bool]]:
+def blocks(body: dict[str, Any]) -> list[tuple[bytes, int, str | None]]:
     """The prompt in Anthropic's cache order (tools, system, messages): per block its bytes
-    without cache_control, its tokens, and whether it carries a breakpoint."""
-    out: list[tuple[bytes, int, bool]] = []
+    without cache_control, its tokens, and its breakpoint's TTL ("5m" or "1h"; None: no
+    breakpoint)."""
+    out: list[tuple[bytes, int, str | None]] = []
 
     def add(prefix: str, block: dict[str, Any], tokens: int) -> None:
         plain = {k: v for k, v in block.items() if k != "cache_control"}
         out.append((prefix.encode() + orjson.dumps(plain, option=orjson.OPT_SORT_KEYS), tokens,
-                    bool(block.get("cache_control"))))
+                    ttl_of(block)))
 
     for tool in body.get("tools") or ():
         add("tool:", tool, count_text(orjson.dumps(tool).decode()))

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from aiohttp import web
 
@@ -58,8 +59,11 @@ class PuppetState:
     responses: dict[str, dict[str, Any]] = field(default_factory=dict)
     # function_call id -> the reasoning item id that was emitted right before it.
     bound_reasoning: dict[str, str] = field(default_factory=dict)
-    # Anthropic prompt cache: prefix digests written at breakpoints -> their token length.
-    cache_written: dict[str, dict[bytes, int]] = field(default_factory=dict)
+    # Anthropic prompt cache: prefix digests written at breakpoints -> (token length, the
+    # clock time it expires at, its TTL in seconds); a read renews it for its TTL.
+    cache_written: dict[str, dict[bytes, tuple[int, float, float]]] = field(default_factory=dict)
+    # The cache's clock (seconds); tests replace it to let entries expire.
+    clock: Callable[[], float] = time.monotonic
     # Signs reasoning encrypted_content, thinking signatures and compaction items.
     secret: bytes = field(default_factory=lambda: os.urandom(32))
 

@@ -36,7 +36,7 @@ from typing import Any
 import orjson
 
 from gateway.pipeline.request import ChatRequest, json_object
-from gateway.messages.cache_breakpoints import place_breakpoints
+from gateway.messages.cache_breakpoints import asks_an_hour, place_breakpoints
 from gateway.messages import shape
 from policies.conversation import assistant_message, opaque_identity, wire_items, with_wire
 
@@ -54,7 +54,7 @@ def parse_messages_request(raw: bytes) -> ChatRequest:
         instructions.append(with_wire({"role": "system", "content": system_text(system)}, FORMAT, []))
     more, history = to_neutral(messages[compaction_start(messages):])
     return ChatRequest(raw, body, body["model"], bool(body.get("stream")), instructions + more, history,
-                       body.get("max_tokens") or 0, format=FORMAT)
+                       body.get("max_tokens") or 0, format=FORMAT, long_cache=asks_an_hour(body))
 
 
 def system_text(system: Any) -> str:
@@ -313,4 +313,4 @@ def render_body(chat: ChatRequest, messages: list[dict], tools: list[dict] | Non
         body["system"] = [*(_blocks(client_system) if client_system else []),
                           *({"type": "text", "text": text} for text in extra)]
     # The last result the view compacted ends the prefix that stays until the next compaction event.
-    return place_breakpoints(body, client_system_blocks=own, frontier=changed[-1] if changed else None)
+    return place_breakpoints(body, client_system_blocks=own, frontier=changed[-1] if changed else None, client=chat.body)

@@ -27,6 +27,7 @@ from gateway.http.sse import named_event as encode  # the named SSE event, share
 from gateway.pipeline.stream_filter import Kind, Role
 
 USAGE_KEYS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+TTL_KEYS = ("ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens")
 THINKING = frozenset({"thinking", "redacted_thinking"})
 
 
@@ -45,27 +46,38 @@ def _count(value: Any) -> int | None:
 
 
 def add_usage(total: dict | None, usage: Any) -> dict | None:
-    """Messages usage summed over calls (the four token counts)."""
+    """Messages usage summed over calls (the four token counts, and the cache writes' TTL split)."""
     if not isinstance(usage, dict):
         return total
     out = dict(total or {})
     for key in USAGE_KEYS:
         if (n := _count(usage.get(key))) is not None:
             out[key] = (out.get(key) or 0) + n
+    split = _dict(usage.get("cache_creation"))
+    if split:
+        summed = dict(_dict(out.get("cache_creation")))
+        for key in TTL_KEYS:
+            if (n := _count(split.get(key))) is not None:
+                summed[key] = (summed.get(key) or 0) + n
+        out["cache_creation"] = summed
     return out
 
 
 def chat_usage(usage: Any) -> dict | None:
     """Messages usage in the chat shape the recorder, metrics and calibration read: the prompt
-    is every input token, cached or not."""
+    is every input token, cached or not; the cache writes as ``cache_write_tokens`` (OpenAI's
+    name), the 1-hour ones among them as ``cache_write_1h_tokens`` (policies.prices.read_usage)."""
     if not isinstance(usage, dict):
         return None
     read = _count(usage.get("cache_read_input_tokens")) or 0
     written = _count(usage.get("cache_creation_input_tokens")) or 0
+    hour = min(written, _count(_dict(usage.get("cache_creation")).get("ephemeral_1h_input_tokens")) or 0)
     prompt = (_count(usage.get("input_tokens")) or 0) + read + written
     completion = _count(usage.get("output_tokens")) or 0
+    details = {"cached_tokens": read, **({"cache_write_tokens": written} if written else {}),
+               **({"cache_write_1h_tokens": hour} if hour else {})}
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": read}}
+            "prompt_tokens_details": details}
 
 
 def is_recall_block(block: Any, names: tuple[str, str] | None) -> bool:

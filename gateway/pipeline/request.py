@@ -27,6 +27,9 @@ class ChatRequest:
     # What the parser saw of the list's literal elements for the request form (the format's
     # request_form.skeleton reads it rather than walking the list again), None: not kept.
     form: tuple | None = None
+    # The client asks its conversation cached for the provider's long TTL (Anthropic's ttl "1h" on
+    # a message's cache_control): the cost model prices the gateway's rewrites at that rate.
+    long_cache: bool = False
 
 
 def _too_deep(body: dict) -> bool:

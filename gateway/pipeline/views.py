@@ -62,7 +62,7 @@ class ViewBuilder:
         self.summarizer = summarizer
         self.standing = StandingRules(counter)
         self.hidden = HiddenIndexes(counter)  # the hidden-context index per checkpoint (gateway/pipeline/hidden.py)
-        self._policies: dict[tuple[int, str], tuple[Policy, Policy]] = {}  # (policy, model) -> with its cache rule
+        self._policies: dict[tuple[int, str, bool], tuple[Policy, Policy]] = {}  # (policy, model) -> with its cache rule
 
     def copy_with(self, **parts) -> "ViewBuilder":
         """This builder with some collaborators replaced (caches, windows, counter and
@@ -76,17 +76,18 @@ class ViewBuilder:
         """A copy that cannot start summary jobs and moves no counter (count_tokens, the inspector)."""
         return self.copy_with(summarizer=NoSummaries(), metrics=NoMetrics(), **parts)
 
-    def policy_for(self, model: str, ref: SessionRef) -> Policy:
-        """The session's policy, its unset cost-model inputs taken from the model's cache rule."""
+    def policy_for(self, model: str, ref: SessionRef, long_cache: bool = False) -> Policy:
+        """The session's policy, its unset cost-model inputs taken from the model's cache rule
+        (writes at the long TTL's rate when the client asks for it: ``ChatRequest.long_cache``)."""
         policy = self.settings.policy
         if self.settings.policies:
             policy = resolve_policy(policy, self.settings.policies, model, ref.session_id)
-        key = (id(policy), model)
+        key = (id(policy), model, long_cache)
         found = self._policies.get(key)
         if found is None or found[0] is not policy:
             if len(self._policies) >= POLICY_MEMO:  # model names are the client's: bounded
                 self._policies.clear()
-            found = self._policies[key] = (policy, with_cache_rule(policy, self.cache_rule(model)))
+            found = self._policies[key] = (policy, with_cache_rule(policy, self.cache_rule(model), long_ttl=long_cache))
         return found[1]
 
     def cache_rule(self, model: str) -> CacheRule | None:
@@ -107,7 +108,7 @@ class ViewBuilder:
         fits, goes upstream untouched), else what ``finish`` goes on from. Split so that a big
         request whose history is already counted is decided on the event loop, without a thread
         hop (gateway/pipeline/offload.py)."""
-        policy = self.policy_for(chat.model, ref)
+        policy = self.policy_for(chat.model, ref, chat.long_cache)
         window = await self.windows.window(chat.model, auth)
         budget = max(1, window - chat.max_output_tokens - policy.reserve_tokens)
         req = ViewRequest(chat.instructions, chat.history, chat.ids, chat.body.get("tools"), chat.body.get("functions"),

@@ -11,6 +11,7 @@ binary comes from .ci/run (tests/support/clis.py); without it this test skips, u
 
 from __future__ import annotations
 
+import pytest
 from multidict import CIMultiDict
 
 from simulator.messages_rules import blocks, validate
@@ -21,11 +22,16 @@ STEPS = 34
 WINDOW = 32_000
 
 
-async def test_claude_code_completes_a_34_step_bash_chain_through_the_gateway_on_32k(upstream, start_gateway, tmp_path):
+@pytest.mark.parametrize("one_hour", [False, True], ids=["5m", "1h"])
+async def test_claude_code_completes_a_34_step_bash_chain_through_the_gateway_on_32k(upstream, start_gateway, tmp_path, one_hour):
+    """With ENABLE_PROMPT_CACHING_1H Claude Code marks its system and newest message ttl "1h":
+    the gateway keeps the hour on the summary block it adds, and no request breaks Anthropic's
+    TTL order (validate checks it)."""
     gw = await start_gateway(server={"client_keys": "required"}, tenants={"dev": "sk-ant-dev"},
                              upstream={"format": "anthropic"})
     run = await run_claude(gw.root, first_prompt("claude", STEPS), model="fake-32k", home=tmp_path,
-                           api_key="sk-ant-dev", timeout_s=300)
+                           api_key="sk-ant-dev", timeout_s=300,
+                           extra_env={"ENABLE_PROMPT_CACHING_1H": "1"} if one_hour else None)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "Prompt is too long" not in run.stdout + run.stderr
     received = [r for r in upstream.received if r["path"] == "/v1/messages" and r.get("json")]
@@ -48,6 +54,11 @@ async def test_claude_code_completes_a_34_step_bash_chain_through_the_gateway_on
     assert any("[Tool result compacted by the gateway]" in t for t in text), "no placeholder upstream"
     assert any("<session_summary>" in t for t in text), "no summary block upstream"
     assert len(received) > len(work)  # the summary jobs spoke Messages to the Anthropic upstream
+    ttls = [t for r in work for _, _, t in blocks(r["json"]) if t]
+    assert ("1h" in ttls) == one_hour
+    summarised = [r["json"] for r in work if "<session_summary>" in str(r["json"].get("system"))]
+    for body in summarised:  # the summary block's marker: the client's lifetime for its conversation
+        assert blocks({**body, "tools": [], "messages": []})[-1][2] == ("1h" if one_hour else "5m")
 
 
 async def test_claude_code_runs_the_chain_on_a_chat_only_model(upstream, start_gateway, tmp_path):

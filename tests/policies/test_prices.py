@@ -113,6 +113,15 @@ def test_the_policy_takes_the_models_rule_unless_the_operator_set_the_rates():
     assert cost_rates(Policy()) == Rates()
 
 
+def test_a_client_asking_an_hour_prices_the_rewrites_at_the_hours_write_rate():
+    claude = cache_rule("claude-sonnet-4-5", price_of("claude-sonnet-4-5"))
+    assert cost_rates(with_cache_rule(Policy(), claude)).write == 1.25
+    assert cost_rates(with_cache_rule(Policy(), claude, long_ttl=True)).write == 2.0
+    # The operator's own rates: the long one when set, else the one write rate it gave.
+    assert cost_rates(with_cache_rule(Policy(cache_write_rate=1.25, cache_write_1h_rate=1.9), None, long_ttl=True)).write == 1.9
+    assert cost_rates(with_cache_rule(Policy(cache_write_rate=1.25), None, long_ttl=True)).write == 1.25
+
+
 def test_a_write_premium_enters_the_compaction_events_payback():
     # 20k -> 6k tokens with 1 further request: worth it at no write premium, not at 1.25x.
     free, premium = Rates(0.1, 1.0), Rates(0.1, 1.25)

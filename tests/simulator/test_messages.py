@@ -215,6 +215,50 @@ async def test_cache_usage_follows_breakpoints(client):
     assert three.usage.input_tokens > 1500
 
 
+async def test_ttls_are_kept_split_in_usage_and_ordered_like_anthropic(client, puppet):
+    hour, short = {"type": "ephemeral", "ttl": "1h"}, {"type": "ephemeral", "ttl": "5m"}
+    system = [{"type": "text", "text": "You are careful. " + "rule " * 1500, "cache_control": hour}]
+    turn = [{"role": "user", "content": [{"type": "text", "text": "first " + "word " * 1200, "cache_control": short}]}]
+    # The system prompt's tokens: counted with a one-token message (its role adds 3).
+    head = (await client.messages.count_tokens(model="fake-128k", system=system, messages=[user("x")])).input_tokens - 4
+    total = (await client.messages.count_tokens(model="fake-128k", system=system, messages=turn)).input_tokens
+    one = await client.messages.create(model="fake-128k", max_tokens=64, system=system, messages=turn)
+    split = one.usage.cache_creation
+    # Written up to the last 1-hour breakpoint at 1h, from there to the last breakpoint at 5m.
+    assert one.usage.cache_creation_input_tokens == total
+    assert split.ephemeral_1h_input_tokens == head and split.ephemeral_5m_input_tokens == total - head
+
+    # Ten minutes later the 5-minute entry is gone, the 1-hour one is read (and nothing of it rewritten).
+    state = puppet[0][PUPPET_STATE]
+    start = state.clock()
+    state.clock = lambda: start + 600
+    two = await client.messages.create(model="fake-128k", max_tokens=64, system=system, messages=turn)
+    assert two.usage.cache_read_input_tokens == head
+    assert two.usage.cache_creation.ephemeral_1h_input_tokens == 0
+    assert two.usage.cache_creation.ephemeral_5m_input_tokens == total - head
+    # Two hours later nothing is left.
+    state.clock = lambda: start + 600 + 7200
+    three = await client.messages.create(model="fake-128k", max_tokens=64, system=system, messages=turn)
+    assert three.usage.cache_read_input_tokens == 0
+
+    # A 1-hour breakpoint after a 5-minute one (tools, system, messages) and an unknown ttl: 400.
+    wrong = [{"type": "text", "text": "rules", "cache_control": short}]
+    later = [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": hour}]}]
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        await client.messages.create(model="fake-32k", max_tokens=64, system=wrong, messages=later)
+    assert caught.value.body["error"]["type"] == "invalid_request_error"
+    assert caught.value.body["error"]["message"].startswith(
+        "messages.0.content.0.cache_control.ttl: a ttl='1h' cache_control block must not come after a ttl='5m'")
+    tool = {**BASH, "cache_control": {"type": "ephemeral"}}
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        await client.messages.create(model="fake-32k", max_tokens=64, tools=[tool], system=system, messages=[user("hi")])
+    assert caught.value.body["error"]["message"].startswith("system.0.cache_control.ttl: a ttl='1h'")
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        await client.messages.create(model="fake-32k", max_tokens=64, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral", "ttl": "2h"}}]}])
+    assert "Input should be '5m' or '1h'" in caught.value.body["error"]["message"]
+
+
 async def test_overloaded_and_injected_failures_use_anthropic_statuses(client, puppet):
     with pytest.raises(anthropic.APIStatusError) as caught:
         await client.messages.create(model="fake-32k", max_tokens=64, messages=[user("now [[fail 529]]")])

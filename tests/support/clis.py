@@ -118,8 +118,10 @@ async def run_codex(base_url: str, prompt: str, *, model: str = "fake-128k",
 
 async def run_claude(base_url: str, prompt: str, *, model: str = "fake-128k",
                      timeout_s: float = 110.0, max_output_tokens: int = 4096,
-                     api_key: str = "sk-ant-sim", home: Path | None = None) -> CliRun:
-    """``claude -p PROMPT --allowedTools Bash`` against `base_url` (the root, without /v1)."""
+                     api_key: str = "sk-ant-sim", home: Path | None = None,
+                     extra_env: dict[str, str] | None = None) -> CliRun:
+    """``claude -p PROMPT --allowedTools Bash`` against `base_url` (the root, without /v1);
+    ``extra_env``: more of Claude Code's settings (e.g. ENABLE_PROMPT_CACHING_1H)."""
     binary = require_cli("claude")
     home = _home(home, "claude-home-")
     work = home / "work"
@@ -129,7 +131,7 @@ async def run_claude(base_url: str, prompt: str, *, model: str = "fake-128k",
         "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(max_output_tokens),
         # Loopback only: no telemetry, error reports, update checks or other side traffic.
         "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1"})
+        "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1", **(extra_env or {})})
     argv = [binary, "-p", prompt, "--allowedTools", "Bash", "--model", model]
     code, out, err = await _run(argv, env, work, timeout_s)
     return CliRun(code, out, err, home)
