@@ -39,6 +39,7 @@ import openai
 import orjson
 from aiohttp import web
 
+from bench import prefix_breaks
 from bench.bill_parts import Call, breakdown, header, is_recall_round, render
 from bench.common import _message_keys, _serve, fmt, machine_note, percentile, quiet_logs, start_puppet
 from gateway.app import create_app
@@ -174,6 +175,12 @@ class Run:
                 out.append(keyed)
         return out
 
+    def view_recall(self) -> list[bool]:
+        """Each request of ``upstream(views_only=True)``: is it a recall round?"""
+        secret = self.puppet.app[PUPPET_STATE].secret
+        return [is_recall_round(r["json"]) for r in self.puppet.app[RECEIVED]
+                if not r["headers"].get("x-palimpsest-purpose") and elements(r, secret) is not None]
+
     def kinds(self) -> list[str]:
         """Each request of ``upstream()``: "summary", "recall" (a recall round) or "main"."""
         secret = self.puppet.app[PUPPET_STATE].secret
@@ -228,7 +235,8 @@ async def sdk_loops(seeds: int, calls: int, *, gateway: bool, model: str, seed_b
                 except openai.BadRequestError:
                     rejected += 1
         client_bodies = run.upstream(views_only=True)
-        return {"upstream": run.upstream(), "kinds": run.kinds(), "views": client_bodies, "recalled": recalled, "asked": asked,
+        return {"upstream": run.upstream(), "kinds": run.kinds(), "views": client_bodies,
+                "view_recall": run.view_recall(), "recalled": recalled, "asked": asked,
                 "rejected": rejected, "overheads": run.overheads, "client_requests": run.client_requests}
     finally:
         await run.close()
@@ -289,6 +297,10 @@ async def main(args) -> None:
     print("Where the SDK loops' bill goes (bench/bill_parts.py):")
     print(header())
     print(render("gateway, Responses upstream", parts))
+    print()
+    print("Where the prefix breaks (bench/prefix_breaks.py; pairs, mean share of the newer prompt lost per class):")
+    print(prefix_breaks.render("direct (ideal)", prefix_breaks.decompose(ideal["views"]), ideal_cost))
+    print(prefix_breaks.render("gateway", prefix_breaks.decompose(through["views"], through["view_recall"]), ideal_cost))
 
 
 if __name__ == "__main__":
