@@ -54,6 +54,7 @@ SMALL, BIG = "fake-32k", "fake-2000k"
 WINDOWS = {SMALL: 32_000, BIG: 2_000_000}
 CACHE_MIN, CACHE_STEP, CACHED_PRICE = 1024, 128, 0.1
 WRITE_PRICE = 1.0  # a token written to the cache (--write-rate; 1.25 for GPT-5.6-style premiums)
+POLICY: dict = {}  # [policy] keys for the gateway (--policy KEY=VALUE)
 
 
 # -- billing ----------------------------------------------------------------------------------
@@ -144,7 +145,7 @@ class Run:
                                  models={SMALL: {"context_window": WINDOWS[SMALL], "api": api}},
                                  server={"client_keys": "off"}, log={"level": "ERROR"},
                                  # the operator tells the gateway its provider's write price
-                                 **({"policy": {"cache_write_rate": WRITE_PRICE}} if WRITE_PRICE != 1.0 else {}))
+                                 policy={**({"cache_write_rate": WRITE_PRICE} if WRITE_PRICE != 1.0 else {}), **POLICY})
         app = create_app(settings)
         run = cls(puppet)
         app.middlewares.insert(0, run._timing())
@@ -252,6 +253,12 @@ async def main(args) -> None:
     # SDK loops: the ideal (no window), direct on 32k, through the gateway.
     global WRITE_PRICE
     WRITE_PRICE = args.write_rate
+    for item in args.policy:
+        key, _, value = item.partition("=")
+        try:
+            POLICY[key] = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            POLICY[key] = value
     ideal = await sdk_loops(args.seeds, args.calls, gateway=False, model=BIG, seed_base=args.seed_base)
     direct = await sdk_loops(args.seeds, args.calls, gateway=False, model=SMALL, seed_base=args.seed_base)
     through = await sdk_loops(args.seeds, args.calls, gateway=True, model=SMALL, seed_base=args.seed_base)
@@ -311,4 +318,6 @@ if __name__ == "__main__":
     parser.add_argument("--seed-base", type=int, default=100, help="the SDK loops' first seed")
     parser.add_argument("--write-rate", type=float, default=1.0,
                         help="price of a token written to the provider's cache (1.25: GPT-5.6-style premiums)")
+    parser.add_argument("--policy", action="append", default=[], metavar="KEY=VALUE",
+                        help="a [policy] key for the gateway (repeatable; VALUE parsed as JSON, else a string)")
     asyncio.run(main(parser.parse_args()))
