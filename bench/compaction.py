@@ -33,6 +33,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import billing  # noqa: E402
+import prefix_breaks  # noqa: E402
+from bill_parts import is_recall_round  # noqa: E402
 from common import (  # noqa: E402
     MODEL, WINDOW, Bench, Client, Sent, answer_text, count_prompt, flatten_haystack, fmt, load_cases,
     machine_note, percentile, prefix_stats, quiet_logs, replay, replay_loop, run_and_report,
@@ -83,6 +85,8 @@ def upstream_figures(bench: Bench, model: str = MODEL, window: int = WINDOW) -> 
         "cached_tokens": cached,
         "billed_prompt_tokens": billed,
         "prefix": prefix_stats([r["json"] for r in forwarded]),
+        "breaks": prefix_breaks.decompose([prefix_breaks.chat_elements(r["json"]) for r in forwarded],
+                                          [is_recall_round(r["json"]) for r in forwarded]),
         "bill": billing.billed(calls),
         "forwarded_tokens": tokens,
     }
@@ -360,6 +364,8 @@ def aggregate(rows: list[dict]) -> dict:
         "summary_rejected": total("summary_rejected"),
         "prefix_cur": weighted("cur_share"), "prefix_prev": weighted("prev_kept"),
         "prefix_msgs": weighted("msg_share"),
+        "breaks": prefix_breaks.pool([r["breaks"] for r in rows if "breaks" in r]),
+        "ideal_cost": sum(r["ideal"]["cost"] for r in rows),
         "cached_ratio": (total("cached_tokens") / total("billed_prompt_tokens")
                          if total("billed_prompt_tokens") else float("nan")),
         "summary_calls": total("summary_calls"), "summary_tokens": total("summary_tokens"),
@@ -610,6 +616,11 @@ def render(result: dict) -> str:
         "cache, no window limit; bench/billing.py); all/cl: all upstream prompt+completion tokens / "
         "client prompt tokens; sum cached: cached share of summary-call input.",
     ]
+    lines.append("prefix breaks (bench/prefix_breaks.py): per class, pairs and the mean share of "
+                 "the newer prompt lost to it; ceiling = stability with no event, churn or recall rewrites")
+    for a in agg:
+        if a.get("breaks", {}).get("pairs"):
+            lines.append("  " + prefix_breaks.render(f"{a['workload']}/{a['mode']}", a["breaks"], a["ideal_cost"]))
     for a in agg:
         if a["mode"] == "gateway":
             lines.append(

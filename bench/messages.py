@@ -40,6 +40,7 @@ import anthropic  # noqa: E402
 from aiohttp import web  # noqa: E402
 
 from bill_parts import Call, breakdown, header, is_recall_round, render  # noqa: E402
+import prefix_breaks  # noqa: E402
 from common import quiet_logs  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.keys import METRICS  # noqa: E402
@@ -243,10 +244,15 @@ async def main(args) -> None:
         gateway = anthropic.AsyncAnthropic(base_url=gurl, api_key="sk-bench", max_retries=0, timeout=120)
         d32 = await loop(direct, "fake-32k", args.steps, "direct-32k")
         phase[0] = "gw-32k"
+        start = len(puppet[RECEIVED])
         g32 = await loop(gateway, "fake-32k", args.steps, "gw-32k")
         phase[0] = "after"
         await asyncio.sleep(1.0)  # let the summary job of the last steps land
         found, asked = await recall(gateway, "fake-32k", g32, args.recall, "gw-32k")
+        views = [r["json"] for r in puppet[RECEIVED][start:]
+                 if r.get("json") and not r["headers"].get("x-palimpsest-purpose") and r["path"].endswith("/messages")]
+        breaks = prefix_breaks.decompose([[(k, t) for k, t, _ in blocks(v)] for v in views],
+                                         [is_recall_round(v) for v in views])
         d200 = await loop(direct, "fake-200k", args.steps, "direct-200k")
         own = record_overheads(gapp)
         g200 = await loop(gateway, "fake-200k", args.steps, "gw-200k")
@@ -284,6 +290,8 @@ async def main(args) -> None:
     print("Where the 32k loop's bill goes (bench/bill_parts.py; summaries included):")
     print(header())
     print(render(f"gateway fake-32k, {args.profile}", parts))
+    print("Where the 32k loop's prefix breaks (bench/prefix_breaks.py; pairs, mean share of the newer prompt lost per class):")
+    print(prefix_breaks.render("gateway", breaks, g32.ideal))
     if args.calls:
         for n, (p, c) in enumerate(metered):
             if p in ("gw-32k", "summary-fake-32k"):

@@ -39,6 +39,7 @@ import openai
 import orjson
 from aiohttp import web
 
+from bench import prefix_breaks
 from bench.bill_parts import Call, breakdown, header, is_recall_round, render
 from bench.common import _message_keys, _serve, fmt, machine_note, percentile, quiet_logs, start_puppet
 from gateway.app import create_app
@@ -53,6 +54,7 @@ SMALL, BIG = "fake-32k", "fake-2000k"
 WINDOWS = {SMALL: 32_000, BIG: 2_000_000}
 CACHE_MIN, CACHE_STEP, CACHED_PRICE = 1024, 128, 0.1
 WRITE_PRICE = 1.0  # a token written to the cache (--write-rate; 1.25 for GPT-5.6-style premiums)
+POLICY: dict = {}  # [policy] keys for the gateway (--policy KEY=VALUE)
 
 
 # -- billing ----------------------------------------------------------------------------------
@@ -143,7 +145,7 @@ class Run:
                                  models={SMALL: {"context_window": WINDOWS[SMALL], "api": api}},
                                  server={"client_keys": "off"}, log={"level": "ERROR"},
                                  # the operator tells the gateway its provider's write price
-                                 **({"policy": {"cache_write_rate": WRITE_PRICE}} if WRITE_PRICE != 1.0 else {}))
+                                 policy={**({"cache_write_rate": WRITE_PRICE} if WRITE_PRICE != 1.0 else {}), **POLICY})
         app = create_app(settings)
         run = cls(puppet)
         app.middlewares.insert(0, run._timing())
@@ -173,6 +175,12 @@ class Run:
             if keyed is not None:
                 out.append(keyed)
         return out
+
+    def view_recall(self) -> list[bool]:
+        """Each request of ``upstream(views_only=True)``: is it a recall round?"""
+        secret = self.puppet.app[PUPPET_STATE].secret
+        return [is_recall_round(r["json"]) for r in self.puppet.app[RECEIVED]
+                if not r["headers"].get("x-palimpsest-purpose") and elements(r, secret) is not None]
 
     def kinds(self) -> list[str]:
         """Each request of ``upstream()``: "summary", "recall" (a recall round) or "main"."""
@@ -228,7 +236,8 @@ async def sdk_loops(seeds: int, calls: int, *, gateway: bool, model: str, seed_b
                 except openai.BadRequestError:
                     rejected += 1
         client_bodies = run.upstream(views_only=True)
-        return {"upstream": run.upstream(), "kinds": run.kinds(), "views": client_bodies, "recalled": recalled, "asked": asked,
+        return {"upstream": run.upstream(), "kinds": run.kinds(), "views": client_bodies,
+                "view_recall": run.view_recall(), "recalled": recalled, "asked": asked,
                 "rejected": rejected, "overheads": run.overheads, "client_requests": run.client_requests}
     finally:
         await run.close()
@@ -244,6 +253,12 @@ async def main(args) -> None:
     # SDK loops: the ideal (no window), direct on 32k, through the gateway.
     global WRITE_PRICE
     WRITE_PRICE = args.write_rate
+    for item in args.policy:
+        key, _, value = item.partition("=")
+        try:
+            POLICY[key] = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            POLICY[key] = value
     ideal = await sdk_loops(args.seeds, args.calls, gateway=False, model=BIG, seed_base=args.seed_base)
     direct = await sdk_loops(args.seeds, args.calls, gateway=False, model=SMALL, seed_base=args.seed_base)
     through = await sdk_loops(args.seeds, args.calls, gateway=True, model=SMALL, seed_base=args.seed_base)
@@ -289,6 +304,10 @@ async def main(args) -> None:
     print("Where the SDK loops' bill goes (bench/bill_parts.py):")
     print(header())
     print(render("gateway, Responses upstream", parts))
+    print()
+    print("Where the prefix breaks (bench/prefix_breaks.py; pairs, mean share of the newer prompt lost per class):")
+    print(prefix_breaks.render("direct (ideal)", prefix_breaks.decompose(ideal["views"]), ideal_cost))
+    print(prefix_breaks.render("gateway", prefix_breaks.decompose(through["views"], through["view_recall"]), ideal_cost))
 
 
 if __name__ == "__main__":
@@ -299,4 +318,6 @@ if __name__ == "__main__":
     parser.add_argument("--seed-base", type=int, default=100, help="the SDK loops' first seed")
     parser.add_argument("--write-rate", type=float, default=1.0,
                         help="price of a token written to the provider's cache (1.25: GPT-5.6-style premiums)")
+    parser.add_argument("--policy", action="append", default=[], metavar="KEY=VALUE",
+                        help="a [policy] key for the gateway (repeatable; VALUE parsed as JSON, else a string)")
     asyncio.run(main(parser.parse_args()))
