@@ -31,6 +31,8 @@ import re
 import threading
 from collections import OrderedDict
 from contextlib import contextmanager
+from itertools import compress, count, islice
+from operator import is_not
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -73,8 +75,11 @@ class HistoryIds:
         same = 0
         if known is not None:
             before, before_ids, _ = known
-            for new, old in zip(history, before):
-                if new is not old and new != old:
+            # The leading run of the very same objects (a resent list from ``ListMemo``) found in
+            # C, then equal ones compared as before (a body parsed whole).
+            same = next(compress(count(), map(is_not, history, before)), min(len(history), len(before)))
+            for new, old in zip(islice(history, same, None), islice(before, same, None)):
+                if new != old:
                     break
                 same += 1
         ids = _chain(before_ids[:same] if same else [first], history, max(same, 1))
