@@ -4,7 +4,8 @@ A path's ids are content addresses of the whole path up to each message
 (``store.canonical.path_ids``: each id hashes its parent's id and its message), so a value
 folded over a path's leading part can be kept under the id of its last message and is valid for
 any later path through that id. ``PathMemo`` keeps the folded value at a path's end and at every
-``stride``-th message: a request that resends a known path (an agent's next step, or another
+``stride``-th message, and at the message before the end (where a regenerated or edited last
+message branches off): a request that resends a known path (an agent's next step, or another
 branch off the same history) folds only the messages after the longest remembered leading part,
 O(new messages) instead of a walk over the whole history. An edited message gives every later
 message a new id, so the path is folded afresh from the edit.
@@ -47,8 +48,8 @@ class PathMemo:
     def fold(self, ids: list[str], walk: Callable[[Any, int, int], Any], initial: Any, *, keep: int) -> Any:
         """The value of the whole path: ``walk(value, start, stop)`` folds messages
         ``[start, stop)`` into the value, called from the longest remembered leading part a
-        stride at a time; the value at each stride and at the path's end is kept, at most
-        `keep` values in all."""
+        stride at a time; the value at each stride, before the path's last message and at its
+        end is kept, at most `keep` values in all."""
         n = len(ids)
         at, value = self.start(ids)
         if not at:
@@ -56,6 +57,8 @@ class PathMemo:
         kept: list[tuple[str, Any]] = []
         while at < n:
             stop = min(n, (at // self.stride + 1) * self.stride)
+            if at < n - 1 < stop:
+                stop = n - 1  # kept too: a sibling of the last message (regenerated, edited) folds one message
             value = walk(value, at, stop)
             kept.append((ids[stop - 1], value))
             at = stop

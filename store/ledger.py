@@ -126,21 +126,32 @@ class Ledger:
         with self._transaction():
             self._write_pending()
             seq, epoch = self._open_session(ref)
-            if seq and self._known(sk, epoch, ids[-1]):
+            seen = self._seen
+            # The next step of a path this process synced (the message before the last known
+            # here, the last not): the last is inserted unless the session holds it already (an
+            # insert that does nothing on the primary key, not a look-up and an insert).
+            step = bool(seq) and len(ids) > 1 and (sk, epoch, ids[-2]) in seen and (sk, epoch, ids[-1]) not in seen
+            if not step and seq and self._known(sk, epoch, ids[-1]):
                 db.execute("UPDATE sessions SET requests = requests + 1, model = ? WHERE key = ?", (model, sk))
                 return PathSync(ids, 0)
             # A session without events (its first request) knows none of them: no look-up per
             # message (a 500 KB history's first request asked ~450 times). Its event count is
             # exact: every insert moves it, and the (session, seq) index relies on it.
             first_new = len(ids) - 1 if seq else 0
-            while first_new > 0 and not self._known(sk, epoch, ids[first_new - 1]):
+            while not step and first_new > 0 and not self._known(sk, epoch, ids[first_new - 1]):
                 first_new -= 1
             now = time.time()
             rows = [
                 event_row(sk, ids[i - 1] if i else None, ids[i], seq + n, messages[i], "message", now)
                 for n, i in enumerate(range(first_new, len(ids)))
             ]
-            db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            if step and not db.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                                       "ON CONFLICT (session_key, id) DO NOTHING", rows[0]).rowcount:
+                self._remember((sk, epoch, ids[-1]))  # another process wrote it since: known
+                db.execute("UPDATE sessions SET requests = requests + 1, model = ? WHERE key = ?", (model, sk))
+                return PathSync(ids, 0)
+            if not step:
+                db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
             db.execute(
                 "UPDATE sessions SET events = events + ?, head = ?, updated = ?, requests = requests + 1, model = ? WHERE key = ?",
                 (len(rows), ids[-1], now, model, sk),

@@ -30,6 +30,9 @@ import json
 import re
 import threading
 from collections import OrderedDict
+from contextlib import contextmanager
+from itertools import compress, count, islice
+from operator import is_not
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -72,8 +75,11 @@ class HistoryIds:
         same = 0
         if known is not None:
             before, before_ids, _ = known
-            for new, old in zip(history, before):
-                if new is not old and new != old:
+            # The leading run of the very same objects (a resent list from ``ListMemo``) found in
+            # C, then equal ones compared as before (a body parsed whole).
+            same = next(compress(count(), map(is_not, history, before)), min(len(history), len(before)))
+            for new, old in zip(islice(history, same, None), islice(before, same, None)):
+                if new != old:
                     break
                 same += 1
         ids = _chain(before_ids[:same] if same else [first], history, max(same, 1))
@@ -225,7 +231,7 @@ class ListMemo:
                 self._recent.move_to_end(scope)
         best, common = None, 0
         for entry in entries:
-            n = _common_prefix(raw, entry[0])
+            n = common_prefix(raw, entry[0])
             if n > common:
                 best, common = entry, n
         if best is None:
@@ -317,6 +323,34 @@ class ListMemo:
 
 
 _CHUNK = 64 * 1024
+# While a big body is parsed inline (``comparing``): that body and the prefix lengths measured
+# against it, {id(other): (other, length)}. Where it is parsed (``BODIES.resends``) and the parse
+# itself (``ListMemo.parse``) compare it with the same remembered bytes objects; the second asks
+# here instead of comparing ~500 KB again. Keyed by identity, the objects held: no stale length.
+_PREFIXES = threading.local()
+
+
+@contextmanager
+def comparing(raw: bytes):
+    """Within: `common_prefix(raw, other)` on this thread is measured once per `other`."""
+    _PREFIXES.memo = (raw, {})
+    try:
+        yield
+    finally:
+        _PREFIXES.memo = None  # the body is not held past its parse
+
+
+def common_prefix(raw: bytes, other: bytes) -> int:
+    """``_common_prefix(raw, other)``, remembered while ``comparing(raw)``."""
+    memo = getattr(_PREFIXES, "memo", None)
+    if memo is None or memo[0] is not raw:
+        return _common_prefix(raw, other)
+    hit = memo[1].get(id(other))
+    if hit is not None and hit[0] is other:
+        return hit[1]
+    n = _common_prefix(raw, other)
+    memo[1][id(other)] = (other, n)
+    return n
 
 
 def _common_prefix(a: bytes, b: bytes) -> int:
@@ -360,7 +394,7 @@ class RecentBodies:
         """Whether `raw` equals one of its tenant's recent bodies but for at most its last `new_bytes`."""
         with self._lock:
             bodies = list(self._recent.get(MEMO_SCOPE.get(), ()))
-        return any(len(raw) - _common_prefix(raw, body) <= new_bytes for body in bodies)
+        return any(len(raw) - common_prefix(raw, body) <= new_bytes for body in bodies)
 
     def remember(self, raw: bytes) -> None:
         if len(raw) > self.budget_bytes:

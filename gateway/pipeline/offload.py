@@ -33,7 +33,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any, Callable, TypeVar
 
-from gateway.pipeline.history_ids import BODIES, history_ids
+from gateway.pipeline.history_ids import BODIES, comparing, history_ids
 from gateway.pipeline.request import ChatRequest
 from gateway.pipeline.views import View, ViewBuilder
 from store.interfaces import StoreBusy
@@ -91,10 +91,12 @@ async def parse_and_hash(raw: bytes, peer) -> tuple[ChatRequest, list[str]]:
     # A body that resends one of its tenant's recent bodies but for its tail (an agent's next
     # step) is parsed from the memos in a millisecond or two: inline, as a thread would hold the
     # GIL for as long (it lets the loop in only every switch interval, 5 ms) and add two wake-ups.
-    resent = BODIES.resends(raw, RESENT_TAIL_BYTES)
-    BODIES.remember(raw)
-    if resent:
-        return parsed_and_hashed(raw, peer)
+    # Within `comparing`, the parse's own byte compare with the tenant's bodies is the one made here.
+    with comparing(raw):
+        resent = BODIES.resends(raw, RESENT_TAIL_BYTES)
+        BODIES.remember(raw)
+        if resent:
+            return parsed_and_hashed(raw, peer)
     return await asyncio.to_thread(parsed_and_hashed, raw, peer)
 
 

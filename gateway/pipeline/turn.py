@@ -89,6 +89,7 @@ class Turn:
     view: View
     headers: dict[str, str] = field(default_factory=dict)
     answer: dict | None = None  # set only when the upstream's answer arrived complete
+    answer_id: str | None = None  # the answer's event id, once the ledger recorded it
     usage: dict | None = None
     auth: dict[str, str] | None = None  # the client's credential headers, kept in memory for summary calls
     recall_calls: int = 0
@@ -140,6 +141,7 @@ class TurnRecorder:
             log.exception("recording the answer failed")
             self.metrics.store_write_errors.labels("answer").inc()
             return
+        turn.answer_id = event.id
         self.summaries.after_turn(turn, event)
         self.bill(turn)
         price = self.metrics.costs.price(turn.chat.model)

@@ -77,7 +77,7 @@ class ResponsesPeer(FormatPeer):
             if turn.ref is not None:
                 parent = turn.chat.ids[-1] if turn.chat.ids else None
                 await store_call(self.response_ids.remember, turn.ref.tenant, response_id, turn.ref.key,
-                                 event_id(parent, turn.answer))
+                                 turn.answer_id or event_id(parent, turn.answer))
             elif tenant:
                 await store_call(self.response_ids.remember, tenant, response_id, "", "")
         except Exception:

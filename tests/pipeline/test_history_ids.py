@@ -53,6 +53,20 @@ def test_a_resent_history_is_not_hashed_again():
     assert memo.reused == 150  # only the 50 equal messages before the change
 
 
+def test_the_same_objects_then_equal_copies_are_all_reused():
+    """A resent list's leading messages are the very objects of the last parse (the Responses
+    memo); equal copies after them still count as resent, and a changed one ends the run."""
+    memo = HistoryIds(min_bytes=0)
+    base = history(5, 90)
+    memo.ids(base, BIG)
+    mixed = [*base[:30], *[dict(m) for m in base[30:60]], *base[60:], {"role": "user", "content": "next"}]
+    assert memo.ids(mixed, BIG) == path_ids(mixed)
+    assert memo.reused == 90
+    changed = [*mixed[:40], {"role": "user", "content": "forked"}, *mixed[41:]]
+    assert memo.ids(changed, BIG) == path_ids(changed)
+    assert memo.reused == 130
+
+
 def test_small_bodies_are_hashed_and_not_remembered():
     memo = HistoryIds(min_bytes=1000)
     base = history(4, 30)

@@ -239,3 +239,32 @@ def test_whatever_follows_the_resent_items_parses_as_from_scratch(memo, tail):
     adapter.parse_responses_request(whole)
     raw = whole[:whole.rindex(b"]")] + tail
     assert outcome(adapter.parse_responses_request, raw) == outcome(scratch, raw)
+
+
+async def test_a_resent_big_body_is_compared_once_with_each_remembered_body(memo, monkeypatch):
+    """Where a big body is parsed (``BODIES.resends``) and the parse (``ListMemo.parse``) compare it
+    with the same remembered bytes: ~500 KB compared once per remembered body, not twice; the
+    parse is the one from scratch, and a body compared outside a parse is compared afresh."""
+    from gateway.pipeline import offload
+    from gateway.responses.peer import ResponsesPeer
+
+    bodies = history_ids.RecentBodies()
+    monkeypatch.setattr(offload, "BODIES", bodies)
+    compared: list[tuple[int, int]] = []
+    real = history_ids._common_prefix
+    monkeypatch.setattr(history_ids, "_common_prefix", lambda a, b: compared.append((id(a), id(b))) or real(a, b))
+    peer = ResponsesPeer.__new__(ResponsesPeer)  # parse only: no collaborators
+    base = items(8, 700)
+    first = body(base)
+    assert len(first) >= offload.BIG_BODY_BYTES
+    await offload.parse_and_hash(first, peer)  # nothing remembered: a worker thread parses it whole
+    second = body([*copy.deepcopy(base), {"type": "message", "role": "user", "content": "next"}])
+    chat, ids = await offload.parse_and_hash(second, peer)
+    assert compared == [(id(second), id(first))]  # one compare serves both memos
+    assert memo.reused == len(base)
+    assert orjson.dumps(chat.body) == orjson.dumps(orjson.loads(second))
+    assert orjson.dumps(chat.history) == orjson.dumps(scratch(second).history)
+    compared.clear()
+    history_ids.common_prefix(second, first)
+    history_ids.common_prefix(second, first)
+    assert len(compared) == 2  # outside a parse nothing is remembered (nor held)

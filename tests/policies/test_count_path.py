@@ -80,6 +80,22 @@ def test_a_resent_history_counts_only_what_it_added(monkeypatch):
     assert len(counted) <= PATH_LOOK_BACK + 10 + PATH_STRIDE
 
 
+def test_a_sibling_of_the_last_message_counts_one_message(monkeypatch):
+    """A regenerated or edited last message branches off the message before it: that sum is kept
+    at every count, so the sibling is counted alone, and agrees with the full count."""
+    counter = TokenCounter()
+    counted = counting(monkeypatch, counter)
+    base = messages(457)  # the end's parent off every kept stride
+    first = [*base, {"role": "user", "content": "the question"}]
+    counter.count_path(first, path_ids(first))
+    for n in range(3):
+        counted.clear()
+        sibling = [*base, {"role": "user", "content": f"the question, asked again ({n})"}]
+        sibling_ids = path_ids(sibling)
+        assert counter.count_path(sibling, sibling_ids) == full(sibling)
+        assert counted == sibling_ids[-1:]
+
+
 def test_ids_and_messages_must_pair():
     counter = TokenCounter()
     try:
