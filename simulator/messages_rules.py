@@ -3,7 +3,7 @@
 Errors use Anthropic's envelope (`AnthropicError`). `validate` checks the body: the version
 header, ``max_tokens``, roles that alternate from a user turn (mid-conversation ``system``
 messages only under their beta), every ``tool_use`` answered first thing in the next user
-message, at most 4 ``cache_control`` breakpoints, each ``ttl`` "5m" or "1h" and no 1-hour one after
+message, at most 4 ``cache_control`` breakpoints (blocks inside tool results count), each ``ttl`` "5m" or "1h" and no 1-hour one after
 a 5-minute one (in the order tools, system, messages: Anthropic answers 400 otherwise),
 thinking signatures that verify, and with thinking on, a thinking block first in the assistant
 turn a tool loop continues. `blocks` flattens
@@ -237,9 +237,23 @@ def _marked(body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     system = body.get("system")
     out += [(f"system.{i}", b) for i, b in enumerate(system) if b.get("cache_control")] if isinstance(system, list) else []
     for m, message in enumerate(body.get("messages") or ()):
-        out += [(f"messages.{m}.content.{k}", b) for k, b in enumerate(_blocks_of(message.get("content")))
-                if b.get("cache_control")]
+        for k, b in enumerate(_blocks_of(message.get("content"))):
+            if b.get("type") == "tool_result":  # blocks inside a tool result may carry their own
+                out += [(f"messages.{m}.content.{k}.content.{j}", inner)
+                        for j, inner in enumerate(_blocks_of(b.get("content"))) if inner.get("cache_control")]
+            if b.get("cache_control"):
+                out.append((f"messages.{m}.content.{k}", b))
     return out
+
+
+def _breakpoint_ttl(block: dict[str, Any]) -> str | None:
+    """The TTL of the breakpoint a block ends the prefix at: its own marker, else (a tool
+    result) the last marker nested in its content, which caches the prefix through it."""
+    ttl = ttl_of(block)
+    if ttl is None and block.get("type") == "tool_result":
+        nested = [ttl_of(b) for b in _blocks_of(block.get("content")) if b.get("cache_control")]
+        ttl = nested[-1] if nested else None
+    return ttl
 
 
 def ttl_of(block: dict[str, Any]) -> str | None:
@@ -291,8 +305,11 @@ def blocks(body: dict[str, Any]) -> list[tuple[bytes, int, str | None]]:
 
     def add(prefix: str, block: dict[str, Any], tokens: int) -> None:
         plain = {k: v for k, v in block.items() if k != "cache_control"}
+        if block.get("type") == "tool_result" and isinstance(plain.get("content"), list):
+            plain["content"] = [{k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, dict) else b
+                                for b in plain["content"]]
         out.append((prefix.encode() + orjson.dumps(plain, option=orjson.OPT_SORT_KEYS), tokens,
-                    ttl_of(block)))
+                    _breakpoint_ttl(block)))
 
     for tool in body.get("tools") or ():
         add("tool:", tool, count_text(orjson.dumps(tool).decode()))

@@ -182,6 +182,28 @@ async def test_at_most_four_cache_breakpoints(client):
     assert caught.value.body["error"]["message"] == "A maximum of 4 blocks with cache_control may be provided. Found 5."
 
 
+async def test_markers_inside_tool_results_count_and_cache_like_top_level_ones(client):
+    mark, hour = {"type": "ephemeral"}, {"type": "ephemeral", "ttl": "1h"}
+    messages, use = await tool_round(client, thinking=None)
+    nested = [{"type": "text", "text": "a.txt b.txt " + "line " * 1500, "cache_control": mark}]
+    messages[-1] = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": nested}]}
+    # The only breakpoint is inside the tool result: the prefix through it is written.
+    one = await client.messages.create(model="fake-32k", max_tokens=64, messages=messages, tools=[BASH])
+    total = (await client.messages.count_tokens(model="fake-32k", messages=messages, tools=[BASH])).input_tokens
+    assert one.usage.cache_creation_input_tokens == total and one.usage.cache_creation.ephemeral_5m_input_tokens == total
+    # It counts toward the four...
+    system = [{"type": "text", "text": f"part {i}", "cache_control": mark} for i in range(4)]
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        await client.messages.create(model="fake-32k", max_tokens=64, system=system, messages=messages, tools=[BASH])
+    assert caught.value.body["error"]["message"] == "A maximum of 4 blocks with cache_control may be provided. Found 5."
+    # ...and to the TTL order: a 1-hour marker after it is refused.
+    messages += [{"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
+                 {"role": "user", "content": [{"type": "text", "text": "next", "cache_control": hour}]}]
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        await client.messages.create(model="fake-32k", max_tokens=64, messages=messages, tools=[BASH])
+    assert caught.value.body["error"]["message"].startswith("messages.4.content.0.cache_control.ttl: a ttl='1h'")
+
+
 async def test_over_the_window_is_prompt_too_long_and_count_tokens_agrees(client):
     messages = [user("word " * 400)]
     counted = await client.messages.count_tokens(model="tiny", messages=messages)
