@@ -112,10 +112,12 @@ def bill_parts(through: dict, ideal: dict, ideal_cost: float) -> dict[str, float
     return breakdown(calls, growth, ideal_cost, read=CACHED_PRICE, write=WRITE_PRICE)
 
 
-def stability(requests: list[list[tuple[bytes, int]]]) -> str:
+def stability(requests: list[list[tuple[bytes, int]]], starts: list[int] | None = None) -> str:
     """Mean share of each prompt that is the previous prompt's prefix (what a cache can serve),
-    and in brackets the mean share of the previous prompt kept unchanged (1.0 = append only)."""
-    pairs = list(zip(requests, requests[1:]))
+    and in brackets the mean share of the previous prompt kept unchanged (1.0 = append only).
+    With ``starts`` (where each session's requests begin), pairs within one session only."""
+    bounds = [*(starts or [0]), len(requests)]
+    pairs = [pair for a, b in zip(bounds, bounds[1:]) for pair in zip(requests[a:b], requests[a + 1:b])]
     if not pairs:
         return "-"
     cur = statistics.mean(shared(b, a) / max(1, sum(t for _, t in b)) for a, b in pairs)
@@ -216,9 +218,10 @@ async def codex(calls: int, *, gateway: bool, api: str = "responses", model: str
 async def sdk_loops(seeds: int, calls: int, *, gateway: bool, model: str, seed_base: int = 100) -> dict:
     run = await Run.start(gateway=gateway)
     recalled = asked = rejected = 0
-    client_bodies = []
+    client_bodies, starts = [], []
     try:
         for seed in range(seeds):
+            starts.append(len(run.upstream(views_only=True)))
             session = agent_loop_session(seed=seed_base + seed, turns=1, calls=calls)
             client = openai.AsyncOpenAI(base_url=run.base_url, api_key="sk-bench", max_retries=0,
                                         default_headers={"X-Session-Id": f"bench-{seed}"})
@@ -236,7 +239,7 @@ async def sdk_loops(seeds: int, calls: int, *, gateway: bool, model: str, seed_b
                 except openai.BadRequestError:
                     rejected += 1
         client_bodies = run.upstream(views_only=True)
-        return {"upstream": run.upstream(), "kinds": run.kinds(), "views": client_bodies,
+        return {"upstream": run.upstream(), "kinds": run.kinds(), "views": client_bodies, "starts": starts,
                 "view_recall": run.view_recall(), "recalled": recalled, "asked": asked,
                 "rejected": rejected, "overheads": run.overheads, "client_requests": run.client_requests}
     finally:
@@ -268,7 +271,8 @@ async def main(args) -> None:
                  str(through["rejected"]), "-", "0"))
     rows.append(("upstream / client prompt tokens", "1.00", fmt(up_tokens / ideal_tokens, 3), "-", "<= 0.30"))
     rows.append(("billed / ideal direct", fmt(ideal_cost / ideal_cost), fmt(up_cost / ideal_cost, 3), "-", "<= 0.6"))
-    rows.append(("prefix stability", stability(ideal["views"]), stability(through["views"]), "-", ">= 0.85"))
+    rows.append(("prefix stability", stability(ideal["views"], ideal["starts"]), stability(through["views"], through["starts"]),
+                 "-", ">= 0.85"))
     rows.append(("planted facts recalled", f"{direct['recalled']}/{direct['asked']} (rejected {direct['rejected']})",
                  f"{through['recalled']}/{through['asked']}", "-", ">= 0.95"))
     overhead = through["overheads"]
@@ -306,8 +310,13 @@ async def main(args) -> None:
     print(render("gateway, Responses upstream", parts))
     print()
     print("Where the prefix breaks (bench/prefix_breaks.py; pairs, mean share of the newer prompt lost per class):")
-    print(prefix_breaks.render("direct (ideal)", prefix_breaks.decompose(ideal["views"]), ideal_cost))
-    print(prefix_breaks.render("gateway", prefix_breaks.decompose(through["views"], through["view_recall"]), ideal_cost))
+    def by_session(run: dict, flags: list[bool] | None = None) -> dict:
+        bounds = [*run["starts"], len(run["views"])]
+        return prefix_breaks.pool([prefix_breaks.decompose(run["views"][a:b], flags[a:b] if flags else None)
+                                   for a, b in zip(bounds, bounds[1:])])
+
+    print(prefix_breaks.render("direct (ideal)", by_session(ideal), ideal_cost))
+    print(prefix_breaks.render("gateway", by_session(through, through["view_recall"]), ideal_cost))
 
 
 if __name__ == "__main__":
