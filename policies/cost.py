@@ -29,6 +29,9 @@ from typing import Any
 LEAD_REQUESTS = 2
 # Output tokens of a summary per word of its limit (prose runs about 1.3 tokens a word).
 SUMMARY_TOKENS_PER_WORD = 1.4
+# A listed exact value and its separator, in tokens (about), and the kinds the summary block caps
+# (paths, dates, numbers, names: policies/extraction.format_exact_values).
+VALUE_TOKENS, CAPPED_VALUE_KINDS = 4, 4
 # Without a cache rule: no prefix under 1024 tokens is cached, longer ones in steps of 128 (OpenAI).
 CACHE_MIN_TOKENS, CACHE_STEP = 1024, 128
 
@@ -271,3 +274,86 @@ def requests_seen(turns_on_path: int, arrived: bool) -> int:
     never pays). From the second request on, the conversation's own turns count, as for any
     session (``turns_on_path``)."""
     return 1 if arrived else turns_on_path
+
+
+def fold_price(view: float, fixed: float, summary_output: float, rates: Rates, *, fork: bool = True) -> float:
+    """What folding a ``view``-token view's piled-up placeholders costs: the summary call (a
+    cache fork re-reads the view at the read rate, else its input goes uncached; ``summary_output``
+    tokens at the output rate) and the adoption's rewrite of the view from its summary block on
+    (what follows the ``fixed`` instructions and tools)."""
+    call = fork_price(view, 0, rates) if fork else view
+    return call + summary_output * rates.output + rewrite_premium(view, rates, kept=fixed)
+
+
+def summary_block_estimate(policy: Any, budget: int) -> float:
+    """The summary block a first fold brings, at its profile's limits (a later one is measured):
+    the summary (``summary_max_words``), the exact values of the kinds the block caps
+    (``exact_values_limit`` each, ~``VALUE_TOKENS`` a value) and, with recall, the hidden-context
+    index (``hidden_index_ratio`` of the budget)."""
+    return (policy.summary_max_words * SUMMARY_TOKENS_PER_WORD + CAPPED_VALUE_KINDS * policy.exact_values_limit * VALUE_TOKENS
+            + policy.recall * policy.hidden_index_ratio * budget)
+
+
+def settle_size(floor: float, ceiling: float, *, pile: float, pile_growth: float, further: float,
+                fold: Any, rates: Rates, held: float = 0.0, after: float | None = None) -> float:
+    """The size (tokens) a compaction event settles a view at: the cheapest over the session's
+    likely ``further`` requests, at least ``floor`` (the profile's ``view_target_ratio``) and at
+    most ``ceiling`` (its ``compact_trigger_ratio``).
+
+    Every request after an event reads the settled view at the cached rate, so a smaller size
+    ``S`` is cheaper, down to what the view must hold: ``held`` tokens (instructions, tools, a
+    summary block) and the placeholders of compacted rounds, which pile up (``pile`` tokens now,
+    ``pile_growth`` more a request). Once the pile passes ``S`` only a summary folds it, at
+    ``fold(S)`` (``fold_price``: the call and the adoption's rewrite), and ``after`` is held
+    from then on (its summary block in place of the one held now). So each request reads ``max(S, held + pile)`` and each fold costs
+    ``fold(S)``: a bigger size trades reads for fewer folds (in the steady state the pile folds
+    every ``sqrt(2 F p / c)`` tokens, the interval rule's shape), and a session whose pile will
+    not pass it before its likely end writes no summary at all. The count of folds is a step
+    function of ``S``, so the candidates are ``floor`` and, for each count, the smallest size
+    that needs no more; the cheapest over the horizon wins (the smallest on a tie)."""
+    floor = max(1.0, floor)
+    ceiling = max(floor, ceiling)
+    growth, horizon = max(0.0, pile_growth), max(0, math.ceil(further))
+    total = pile + growth * horizon
+    if rates.cached <= 0 or horizon <= 0 or growth <= 0 or total <= floor:
+        return floor
+
+    def cost(size: float) -> float:
+        return _reads_and_folds(size, pile, growth, horizon, held, held if after is None else after, rates.cached,
+                                fold(size))
+
+    best, best_cost = floor, cost(floor)
+    folds = math.floor(total / floor)
+    # k folds need a size just over total / (k + 1) (fold counts far above the floor's differ
+    # by a few tokens of size: not tried).
+    for k in range(min(folds - 1, 63), -1, -1):
+        size = math.floor(total / (k + 1)) + 1
+        if size > ceiling:
+            break
+        price = cost(size)
+        if price < best_cost:
+            best, best_cost = size, price
+    return best
+
+
+def _reads_and_folds(size: float, pile: float, growth: float, horizon: int, held: float, after: float,
+                     cached: float, fold: float) -> float:
+    """``settle_size``'s cost of settling at ``size`` over ``horizon`` requests: each reads
+    ``max(size, held + pile)`` at the ``cached`` rate, the pile grows by ``growth`` a request and
+    passing ``size`` costs a fold (``fold``), which resets it and holds ``after`` from then on.
+    Summed in closed form per stretch between folds."""
+    reads = folds = 0.0
+    t = 0
+    while t < horizon:
+        # Requests until the pile passes `size` (the fold comes with that one), within the horizon.
+        steps = min(horizon - t, max(1, math.floor((size - pile) / growth) + 1))
+        # max(size, held + pile + growth * j) for j = 1..steps: flat at `size`, then growing.
+        flat = max(0, min(steps, math.floor((size - held - pile) / growth)))
+        grown = steps - flat
+        reads += size * flat + (held + pile) * grown + growth * (flat + 1 + steps) * grown / 2
+        t += steps
+        pile += growth * steps
+        if pile > size:
+            folds += fold
+            pile, held = 0.0, after
+    return cached * reads + folds
