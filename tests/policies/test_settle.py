@@ -91,3 +91,18 @@ def test_a_plan_with_a_chosen_size_is_stable_as_the_path_grows():
         (_, frontier), _ = _plan(policy, n)
         assert frontier >= previous
         previous = frontier
+
+
+def test_the_fold_of_piled_up_placeholders_is_due_past_the_chosen_size(counter):
+    from policies.planner import plan, settling_policy
+    from tests.policies.conversations import session
+    from tests.policies.test_planner import request
+
+    req = request(counter, session(12, result_words=400), view_target_ratio=0.1)
+    planned = plan(req)
+    planned.compacted_tokens, planned.raw_tail_tokens = 20_000, 700
+    planned.settle_tokens = 0.25 * req.budget  # the plan's choice, over the pile: no fold yet
+    assert settling_policy(req.policy, planned, req.budget) is req.policy
+    planned.settle_tokens = 0.15 * req.budget  # under it: the fold is due, past the chosen size
+    settled = settling_policy(req.policy, planned, req.budget)
+    assert settled.summary_trigger_ratio == 0.15 and settled.keep_recent_tokens == 700
