@@ -18,7 +18,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import accumulate
 
-from policies.cost import (SUMMARY_TOKENS_PER_WORD, cost_rates, event_pays, fold_price, further_requests, settle_size,
+from policies.cost import (SUMMARY_TOKENS_PER_WORD, cost_rates, event_pays, further_requests, settle_for,
                            summary_block_estimate)
 from policies.messages import content_text, tool_names_by_call_id, with_text
 from policies.policy import Policy
@@ -176,7 +176,7 @@ def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int
     high = policy.compact_trigger_ratio * budget
     must = policy.sync_compaction_ratio * budget
     rates = cost_rates(policy)
-    low = policy.view_target_ratio * budget
+    floor = low = policy.view_target_ratio * budget
     round_of = [0] * (rounds[-1][1] if rounds else 0)
     for r, (a, b) in enumerate(rounds):
         round_of[a:b] = [r] * (b - a)
@@ -193,8 +193,10 @@ def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int
     sizes = (sums, raws, gains)
     piles = list(accumulate((c if c < r else 0 for r, c in zip(raw, compacted)), initial=0))  # placeholders pile up
     for n, size in enumerate(raw):
-        low = _settle(policy, rates, fixed, budget, n, piles, raws, piles[frontier] - piles[first],
-                      marks[active].tokens if active is not None else 0)
+        # The settle size (at least the floor) matters once the view is over the floor, or at an event.
+        low = floor if view <= floor and view + size <= high and n < len(raw) - 1 else _settle(
+            policy, rates, fixed, budget, n, piles, raws, piles[frontier] - piles[first],
+            marks[active].tokens if active is not None else 0)
         view += size
         # An early event (under the trigger): the interval rule says the rewrite pays
         # (``_early``). It is decided on the rounds before this one only, which no later request
@@ -242,12 +244,10 @@ def _settle(policy: Policy, rates, fixed: int, budget: int, n: int, piles: list[
     floor, further = policy.view_target_ratio * budget, further_requests(n)
     if not policy.cost_model or n == 0 or policy.fit_first and fixed + raws[n] * (1 + further / n) <= budget:
         return floor
-    output, fork = policy.summary_max_words * SUMMARY_TOKENS_PER_WORD, policy.summary_cache_fork
-    held = fixed + policy.compaction_keep * raws[n] / n
+    output, fork, held = policy.summary_max_words * SUMMARY_TOKENS_PER_WORD, policy.summary_cache_fork, fixed + policy.compaction_keep * raws[n] / n
     new_block = block or summary_block_estimate(policy, budget)  # the block a fold brings
-    return settle_size(floor, policy.compact_trigger_ratio * budget, pile=pile, pile_growth=piles[n] / n, further=further,
-                       rates=rates, fold=lambda size: fold_price(size, fixed, output, rates, fork=fork),
-                       held=held + block, after=held + new_block)
+    return settle_for(floor, policy.compact_trigger_ratio * budget, pile, piles[n] / n, further, held + block,
+                      held + new_block, fixed, output, fork, rates)
 
 
 def _adopt(sizes: tuple, fixed: int, marks: list[CheckpointMark], round_of: list[int],

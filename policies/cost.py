@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 # Requests of lead a background summary needs to be written before a growing conversation
@@ -324,9 +325,10 @@ def settle_size(floor: float, ceiling: float, *, pile: float, pile_growth: float
 
     best, best_cost = floor, cost(floor)
     folds = math.floor(total / floor)
-    # k folds need a size just over total / (k + 1) (fold counts far above the floor's differ
-    # by a few tokens of size: not tried).
-    for k in range(min(folds - 1, 63), -1, -1):
+    # k folds need a size just over total / (k + 1) (with many folds at the floor, the counts in
+    # between differ by a few tokens of size: only the 8 nearest it and the 8 fewest are tried).
+    counts = range(folds - 1, -1, -1) if folds <= 16 else [*range(folds - 1, folds - 9, -1), *range(7, -1, -1)]
+    for k in counts:
         size = math.floor(total / (k + 1)) + 1
         if size > ceiling:
             break
@@ -336,24 +338,37 @@ def settle_size(floor: float, ceiling: float, *, pile: float, pile_growth: float
     return best
 
 
+@lru_cache(maxsize=1 << 14)
+def settle_for(floor: float, ceiling: float, pile: float, growth: float, further: float, held: float, after: float,
+               fixed: float, output: float, fork: bool, rates: Rates) -> float:
+    """``settle_size`` with each fold priced by ``fold_price`` (a summary of ``output`` tokens,
+    ``fork``: a cache fork of the view), memoized: every request replays its whole path, with the
+    same figures at every round but the newest."""
+    return settle_size(floor, ceiling, pile=pile, pile_growth=growth, further=further, rates=rates, held=held,
+                       after=after, fold=lambda size: fold_price(size, fixed, output, rates, fork=fork))
+
+
 def _reads_and_folds(size: float, pile: float, growth: float, horizon: int, held: float, after: float,
                      cached: float, fold: float) -> float:
     """``settle_size``'s cost of settling at ``size`` over ``horizon`` requests: each reads
     ``max(size, held + pile)`` at the ``cached`` rate, the pile grows by ``growth`` a request and
     passing ``size`` costs a fold (``fold``), which resets it and holds ``after`` from then on.
-    Summed in closed form per stretch between folds."""
-    reads = folds = 0.0
-    t = 0
-    while t < horizon:
-        # Requests until the pile passes `size` (the fold comes with that one), within the horizon.
-        steps = min(horizon - t, max(1, math.floor((size - pile) / growth) + 1))
+    In closed form: the stretch up to the first fold, whole cycles from an empty pile, the rest."""
+    def stretch(pile: float, held: float, steps: int) -> float:
         # max(size, held + pile + growth * j) for j = 1..steps: flat at `size`, then growing.
         flat = max(0, min(steps, math.floor((size - held - pile) / growth)))
         grown = steps - flat
-        reads += size * flat + (held + pile) * grown + growth * (flat + 1 + steps) * grown / 2
-        t += steps
-        pile += growth * steps
-        if pile > size:
-            folds += fold
-            pile, held = 0.0, after
-    return cached * reads + folds
+        return size * flat + (held + pile) * grown + growth * (flat + 1 + steps) * grown / 2
+
+    def until_fold(pile: float) -> int:  # requests until the pile passes `size` (that one folds)
+        return max(1, math.floor((size - pile) / growth) + 1)
+
+    first = min(horizon, until_fold(pile))
+    reads = stretch(pile, held, first)
+    if first == horizon and pile + growth * first <= size:
+        return cached * reads
+    left, cycle = horizon - first, until_fold(0.0)
+    cycles, rest = divmod(left, cycle)
+    reads += cycles * stretch(0.0, after, cycle) + (stretch(0.0, after, rest) if rest else 0.0)
+    folds = 1 + cycles + (rest and growth * rest > size)
+    return cached * reads + fold * folds

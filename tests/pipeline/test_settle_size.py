@@ -1,6 +1,5 @@
 """The settle size the cost model chooses (issue 29, item 3) is the one the upstream's views
-settle at, on every wire format: with the model's own choice (policies/cost.settle_size, as
-policies/compaction imports it) the size moves off the profile's constant once placeholders
+settle at, on every wire format: with the model's own choice (policies/cost.settle_size) the size moves off the profile's constant once placeholders
 pile up, and with the choice replaced by a bigger size the views grow to that size before each
 compaction event, never back raw. What the choice is, for which session, is tested in
 tests/policies/test_settle.py."""
@@ -11,7 +10,7 @@ import openai
 import orjson
 import pytest
 
-from policies import compaction
+from policies import cost
 from policies.tokens import TokenCounter
 from simulator.workloads import agent_loop_session
 from tests.messages.test_messages import client_for, run_loop
@@ -20,6 +19,14 @@ from tests.support.agent import drive_loop, drive_responses_loop, settle
 
 SHARE = 0.375  # the replaced choice, of the budget: between view_target_ratio (0.1) and compact_trigger_ratio (0.65)
 COUNTER = TokenCounter()
+
+
+@pytest.fixture(autouse=True)
+def fresh_memo():
+    """settle_size's answers are memoized (policies/cost.settle_for): none kept across a replaced choice."""
+    cost.settle_for.cache_clear()
+    yield
+    cost.settle_for.cache_clear()
 
 
 def midway(floor, ceiling, **_):
@@ -67,8 +74,9 @@ async def test_views_settle_where_the_cost_model_chose(start_gateway, upstream, 
         chosen.append((floor, own(floor, ceiling, **kw)))
         return chosen[-1][1]
 
-    own = compaction.settle_size
-    monkeypatch.setattr(compaction, "settle_size", spy)
+    own = cost.settle_size
+    monkeypatch.setattr(cost, "settle_size", spy)
+    cost.settle_for.cache_clear()  # the memo of settle_size's answers
     gw = await start_gateway()
     await drive(gw)
     await settle(gw)
@@ -76,7 +84,8 @@ async def test_views_settle_where_the_cost_model_chose(start_gateway, upstream, 
     # The model's own choice, not the profile's constant: above the floor once placeholders pile up.
     assert chosen and any(size > floor for floor, size in chosen)
     upstream.received.clear()
-    monkeypatch.setattr(compaction, "settle_size", midway)
+    monkeypatch.setattr(cost, "settle_size", midway)
+    cost.settle_for.cache_clear()
     gw = await start_gateway()
     await drive(gw)
     await settle(gw)
