@@ -18,7 +18,8 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import accumulate
 
-from policies.cost import cost_rates, event_pays, further_requests
+from policies.cost import (SUMMARY_TOKENS_PER_WORD, cost_rates, event_pays, further_requests, settle_for,
+                           summary_block_estimate)
 from policies.messages import content_text, tool_names_by_call_id, with_text
 from policies.policy import Policy
 from policies.rounds import split_rounds
@@ -150,32 +151,32 @@ class CheckpointMark:
 
 def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int], fixed: int,
               marks: list[CheckpointMark], policy: Policy, budget: int,
-              events: list[PlanEvent] | None = None) -> tuple[int | None, int]:
+              events: list[PlanEvent] | None = None, settled: list[float] | None = None) -> tuple[int | None, int]:
     """Which checkpoint the view uses and where its compaction frontier is (a round index).
 
     Replays the path's rounds from a view of ``fixed`` tokens. While the view stays under
     ``compact_trigger_ratio * budget`` a new round only appends to it. When a round pushes it
     over, that round is a *compaction event*, the only place the view's prefix may change: the
     newest checkpoint that existed by then is adopted (``after`` lies in an earlier round: the
-    job that wrote it had a whole request's time to finish), and the frontier jumps, at least ``compact_batch_rounds`` rounds and far enough
-    to bring the view to ``view_target_ratio * budget``, never into the newest
-    ``keep_recent_rounds``. A summary that lands between events so waits for the next one
-    instead of rewriting the prefix on its own; a ``forced`` one (written on a request's own path
+    job that wrote it had a whole request's time to finish), and the frontier jumps, at least
+    ``compact_batch_rounds`` rounds and far enough to bring the view to the settle size (the
+    cost model's per round, ``_settle``, from the rounds before it; ``view_target_ratio *
+    budget`` without it), never into the newest ``compact_keep_rounds``. A summary that lands
+    between events waits for the next one; a ``forced`` one (written on a request's own path
     because it did not fit) makes its round an event. The plan is a pure function of the path and
     its checkpoints, so every replica and every restart builds the same view.
 
     Between ``compact_trigger_ratio`` and ``sync_compaction_ratio`` an event happens only when
-    it pays (``policies/cost.event_pays``): the rewritten prefix, billed uncached, against the
-    cached-rate saving of the smaller view over the session's likely further requests (its
-    rounds so far). Over ``sync_compaction_ratio``, or with ``cost_model`` off, it always does.
-    Returns (index into ``marks`` or None, frontier round); each event taken is appended to
-    ``events`` when given, and a round whose event the cost model deferred counts in it as a
-    ``PlanEvent`` of reason ``deferred``.
+    it pays (``policies/cost.event_pays``) over the session's likely further requests; over
+    ``sync_compaction_ratio``, or with ``cost_model`` off, it always does. Returns (index into
+    ``marks`` or None, frontier round); each event taken is appended to ``events`` when given
+    (a round whose event the cost model deferred as reason ``deferred``); ``settled`` gets the
+    newest round's settle size (the summary that folds piled-up placeholders is due past it).
     """
     high = policy.compact_trigger_ratio * budget
     must = policy.sync_compaction_ratio * budget
     rates = cost_rates(policy)
-    low = policy.view_target_ratio * budget
+    floor = low = policy.view_target_ratio * budget
     round_of = [0] * (rounds[-1][1] if rounds else 0)
     for r, (a, b) in enumerate(rounds):
         round_of[a:b] = [r] * (b - a)
@@ -190,7 +191,12 @@ def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int
     # when no round grows once compacted, as with placeholders only for big results).
     gains = [r - c for r, c in zip(raws, sums)] if all(r >= c for r, c in zip(raw, compacted)) else None
     sizes = (sums, raws, gains)
+    piles = list(accumulate((c if c < r else 0 for r, c in zip(raw, compacted)), initial=0))  # placeholders pile up
     for n, size in enumerate(raw):
+        # The settle size (at least the floor) matters once the view is over the floor, or at an event.
+        low = floor if view <= floor and view + size <= high and n < len(raw) - 1 else _settle(
+            policy, rates, fixed, budget, n, piles, raws, piles[frontier] - piles[first],
+            marks[active].tokens if active is not None else 0)
         view += size
         # An early event (under the trigger): the interval rule says the rewrite pays
         # (``_early``). It is decided on the rounds before this one only, which no later request
@@ -225,7 +231,23 @@ def plan_view(rounds: list[tuple[int, int]], raw: list[int], compacted: list[int
         elif events is not None:
             reason = ("window" if n in forced or before[3] > must else "cost_model" if policy.cost_model else "profile")
             events.append(PlanEvent(n, reason, int(before[3]), int(view), active))
+    if settled is not None and raw:
+        settled.append(low)
     return active, frontier
+
+
+def _settle(policy: Policy, rates, fixed: int, budget: int, n: int, piles: list[int], raws: list[int],
+            pile: int, block: int) -> float:
+    """The size an event at round ``n`` settles the view at (``policies/cost.settle_size``), from the
+    rounds before it (as ``_early``): ``pile`` the placeholders in the view now, next to ``fixed``, the
+    summary ``block`` and the kept raw rounds. With ``fit_first`` none folds while the client's fits."""
+    floor, further = policy.view_target_ratio * budget, further_requests(n)
+    if not policy.cost_model or n == 0 or policy.fit_first and fixed + raws[n] * (1 + further / n) <= budget:
+        return floor
+    output, fork, held = policy.summary_max_words * SUMMARY_TOKENS_PER_WORD, policy.summary_cache_fork, fixed + policy.compaction_keep * raws[n] / n
+    new_block = block or summary_block_estimate(policy, budget)  # the block a fold brings
+    return settle_for(floor, policy.compact_trigger_ratio * budget, pile, piles[n] / n, further, held + block,
+                      held + new_block, fixed, output, fork, rates)
 
 
 def _adopt(sizes: tuple, fixed: int, marks: list[CheckpointMark], round_of: list[int],
@@ -246,14 +268,12 @@ def _adopt(sizes: tuple, fixed: int, marks: list[CheckpointMark], round_of: list
 
 def _early(raw: list[int], compacted: list[int], sizes: tuple, fixed: int, marks: list[CheckpointMark], policy: Policy, rates,
            low: float, n: int, grown: int, view: float, state: tuple[int | None, int, int]) -> tuple[int, float] | None:
-    """An early compaction event at round ``n``, decided on the rounds before it (``view``: the
-    view of those rounds, ``grown``: their raw tokens), which no later request changes (the
-    newest round may still grow: an answer joins its user message): (frontier, view without
+    """An early compaction event at round ``n``, decided on the rounds before it (``view``: their
+    view, ``grown``: their raw tokens), which no later request changes: (frontier, view without
     round ``n``) when the interval rule says it pays (``policies/cost.event_pays`` with the
     session's growth per round and the prefix the event keeps), else None. Only with the cost
-    model, only over ``view_target_ratio`` (the event settles there), and it adopts no new
-    checkpoint (whether one exists yet can differ between requests: the decision does not
-    depend on it; the event adopts the newest one after it is taken)."""
+    model, only over the settle size ``low``, and it adopts no new checkpoint (whether one exists
+    yet can differ between requests; the event adopts the newest one after it is taken)."""
     if not policy.cost_model or n == 0 or view <= low:
         return None
     active, first, frontier = state

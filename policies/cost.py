@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 # Requests of lead a background summary needs to be written before a growing conversation
@@ -29,6 +30,9 @@ from typing import Any
 LEAD_REQUESTS = 2
 # Output tokens of a summary per word of its limit (prose runs about 1.3 tokens a word).
 SUMMARY_TOKENS_PER_WORD = 1.4
+# A listed exact value and its separator, in tokens (about), and the kinds the summary block caps
+# (paths, dates, numbers, names: policies/extraction.format_exact_values).
+VALUE_TOKENS, CAPPED_VALUE_KINDS = 4, 4
 # Without a cache rule: no prefix under 1024 tokens is cached, longer ones in steps of 128 (OpenAI).
 CACHE_MIN_TOKENS, CACHE_STEP = 1024, 128
 
@@ -271,3 +275,100 @@ def requests_seen(turns_on_path: int, arrived: bool) -> int:
     never pays). From the second request on, the conversation's own turns count, as for any
     session (``turns_on_path``)."""
     return 1 if arrived else turns_on_path
+
+
+def fold_price(view: float, fixed: float, summary_output: float, rates: Rates, *, fork: bool = True) -> float:
+    """What folding a ``view``-token view's piled-up placeholders costs: the summary call (a
+    cache fork re-reads the view at the read rate, else its input goes uncached; ``summary_output``
+    tokens at the output rate) and the adoption's rewrite of the view from its summary block on
+    (what follows the ``fixed`` instructions and tools)."""
+    call = fork_price(view, 0, rates) if fork else view
+    return call + summary_output * rates.output + rewrite_premium(view, rates, kept=fixed)
+
+
+def summary_block_estimate(policy: Any, budget: int) -> float:
+    """The summary block a first fold brings, at its profile's limits (a later one is measured):
+    the summary (``summary_max_words``), the exact values of the kinds the block caps
+    (``exact_values_limit`` each, ~``VALUE_TOKENS`` a value) and, with recall, the hidden-context
+    index (``hidden_index_ratio`` of the budget)."""
+    return (policy.summary_max_words * SUMMARY_TOKENS_PER_WORD + CAPPED_VALUE_KINDS * policy.exact_values_limit * VALUE_TOKENS
+            + policy.recall * policy.hidden_index_ratio * budget)
+
+
+def settle_size(floor: float, ceiling: float, *, pile: float, pile_growth: float, further: float,
+                fold: Any, rates: Rates, held: float = 0.0, after: float | None = None) -> float:
+    """The size (tokens) a compaction event settles a view at: the cheapest over the session's
+    likely ``further`` requests, at least ``floor`` (the profile's ``view_target_ratio``) and at
+    most ``ceiling`` (its ``compact_trigger_ratio``).
+
+    Every request after an event reads the settled view at the cached rate, so a smaller size
+    ``S`` is cheaper, down to what the view must hold: ``held`` tokens (instructions, tools, a
+    summary block) and the placeholders of compacted rounds, which pile up (``pile`` tokens now,
+    ``pile_growth`` more a request). Once the pile passes ``S`` only a summary folds it, at
+    ``fold(S)`` (``fold_price``: the call and the adoption's rewrite), and ``after`` is held
+    from then on (its summary block in place of the one held now). So each request reads ``max(S, held + pile)`` and each fold costs
+    ``fold(S)``: a bigger size trades reads for fewer folds (in the steady state the pile folds
+    every ``sqrt(2 F p / c)`` tokens, the interval rule's shape), and a session whose pile will
+    not pass it before its likely end writes no summary at all. The count of folds is a step
+    function of ``S``, so the candidates are ``floor`` and, for each count, the smallest size
+    that needs no more; the cheapest over the horizon wins (the smallest on a tie)."""
+    floor = max(1.0, floor)
+    ceiling = max(floor, ceiling)
+    growth, horizon = max(0.0, pile_growth), max(0, math.ceil(further))
+    total = pile + growth * horizon
+    if rates.cached <= 0 or horizon <= 0 or growth <= 0 or total <= floor:
+        return floor
+
+    def cost(size: float) -> float:
+        return _reads_and_folds(size, pile, growth, horizon, held, held if after is None else after, rates.cached,
+                                fold(size))
+
+    best, best_cost = floor, cost(floor)
+    folds = math.floor(total / floor)
+    # k folds need a size just over total / (k + 1) (with many folds at the floor, the counts in
+    # between differ by a few tokens of size: only the 8 nearest it and the 8 fewest are tried).
+    counts = range(folds - 1, -1, -1) if folds <= 16 else [*range(folds - 1, folds - 9, -1), *range(7, -1, -1)]
+    for k in counts:
+        size = math.floor(total / (k + 1)) + 1
+        if size > ceiling:
+            break
+        price = cost(size)
+        if price < best_cost:
+            best, best_cost = size, price
+    return best
+
+
+@lru_cache(maxsize=1 << 14)
+def settle_for(floor: float, ceiling: float, pile: float, growth: float, further: float, held: float, after: float,
+               fixed: float, output: float, fork: bool, rates: Rates) -> float:
+    """``settle_size`` with each fold priced by ``fold_price`` (a summary of ``output`` tokens,
+    ``fork``: a cache fork of the view), memoized: every request replays its whole path, with the
+    same figures at every round but the newest."""
+    return settle_size(floor, ceiling, pile=pile, pile_growth=growth, further=further, rates=rates, held=held,
+                       after=after, fold=lambda size: fold_price(size, fixed, output, rates, fork=fork))
+
+
+def _reads_and_folds(size: float, pile: float, growth: float, horizon: int, held: float, after: float,
+                     cached: float, fold: float) -> float:
+    """``settle_size``'s cost of settling at ``size`` over ``horizon`` requests: each reads
+    ``max(size, held + pile)`` at the ``cached`` rate, the pile grows by ``growth`` a request and
+    passing ``size`` costs a fold (``fold``), which resets it and holds ``after`` from then on.
+    In closed form: the stretch up to the first fold, whole cycles from an empty pile, the rest."""
+    def stretch(pile: float, held: float, steps: int) -> float:
+        # max(size, held + pile + growth * j) for j = 1..steps: flat at `size`, then growing.
+        flat = max(0, min(steps, math.floor((size - held - pile) / growth)))
+        grown = steps - flat
+        return size * flat + (held + pile) * grown + growth * (flat + 1 + steps) * grown / 2
+
+    def until_fold(pile: float) -> int:  # requests until the pile passes `size` (that one folds)
+        return max(1, math.floor((size - pile) / growth) + 1)
+
+    first = min(horizon, until_fold(pile))
+    reads = stretch(pile, held, first)
+    if first == horizon and pile + growth * first <= size:
+        return cached * reads
+    left, cycle = horizon - first, until_fold(0.0)
+    cycles, rest = divmod(left, cycle)
+    reads += cycles * stretch(0.0, after, cycle) + (stretch(0.0, after, rest) if rest else 0.0)
+    folds = 1 + cycles + (rest and growth * rest > size)
+    return cached * reads + fold * folds

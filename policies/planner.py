@@ -42,8 +42,7 @@ def scale(tokens: int, factor: float) -> int:
 
 
 def tool_tokens(counter: TokenCounter, tools: list[dict] | None, functions: list | None = None) -> int:
-    """What tool definitions cost in the prompt: ``tools`` and legacy ``functions``, which the
-    provider reads as tools too."""
+    """What tool definitions cost in the prompt: ``tools`` and legacy ``functions`` (read as tools)."""
     if isinstance(functions, list) and functions:
         tools = [*(tools or []), *({"type": "function", "function": f} for f in functions)]
     return counter.count_tools(tools)
@@ -137,6 +136,7 @@ class Projection:
     found: CheckpointInput | None = None  # the checkpoint the plan chose
     frontier: int = 0  # the compaction frontier, a message index on the path
     tailored: TailorStats | None = None  # tailoring's stats when the fit cut anything (shell metrics)
+    settle_tokens: float | None = None  # the size the plan's events settle at (cost model), uncalibrated
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,14 +154,15 @@ class Recalled:
 
 def plan(req: ViewRequest) -> Projection:
     """The checkpoint and compaction frontier (``choose``), projected (``project``)."""
-    found, frontier, events = choose(req)
+    found, frontier, events = choose(req, settled := [])
     projection = project(req, found, frontier)
+    projection.settle_tokens = settled[0] if settled else None
     if projection.notes is not None:
         projection.notes.events = events
     return projection
 
 
-def choose(req: ViewRequest) -> tuple[CheckpointInput | None, int, list[PlanEvent]]:
+def choose(req: ViewRequest, settled: list[float] | None = None) -> tuple[CheckpointInput | None, int, list[PlanEvent]]:
     """The checkpoint on the path the view uses and the compaction frontier (a message index),
     replayed by ``plan_view``: a new checkpoint is adopted only at a compaction event, so the
     prefix changes once, not twice; one written for a request that did not fit (sync) is
@@ -178,7 +179,7 @@ def choose(req: ViewRequest) -> tuple[CheckpointInput | None, int, list[PlanEven
     marks = [CheckpointMark(cp.boundary, cp.after, block_tokens(counter, cp, policy.exact_values_limit) + pinned
                             + cp.index_tokens, forced=cp.forced) for cp in req.checkpoints]
     events: list[PlanEvent] = []
-    index, frontier = plan_view(rounds, raw, compacted, fixed, marks, policy, req.budget, events)
+    index, frontier = plan_view(rounds, raw, compacted, fixed, marks, policy, req.budget, events, settled)
     found = req.checkpoints[index] if index is not None else None
     return found, rounds[frontier][0] if frontier < len(rounds) else len(req.history), events
 
@@ -304,15 +305,15 @@ def _notes(req: ViewRequest, tail, tail_ids, compacted, stats, record, start: in
 
 
 def settling_policy(policy: Policy, projection: Projection, budget: int) -> Policy:
-    """The policy the view's summary job runs with. Placeholders piled up (a long loop) keep the
-    view from settling at its target: the summary that folds them is due now, below the usual
-    trigger, and it covers just them (the rounds still raw stay raw). A view tailoring had to
-    cut is left to the usual trigger (as before the planner: its figures were not kept)."""
-    if projection.tailored is not None or projection.compacted_tokens <= policy.view_target_ratio * budget:
+    """The policy the view's summary job runs with. Placeholders piled up past the settle size
+    (the plan's, ``settle_tokens``, else the profile's) keep the view from settling there: the
+    summary that folds them is due now, below the usual trigger, and covers just them. A view
+    tailoring had to cut is left to the usual trigger (its figures were not kept)."""
+    settle = projection.settle_tokens or policy.view_target_ratio * budget
+    if projection.tailored is not None or projection.compacted_tokens <= settle:
         return policy
-    return policy.model_copy(update={
-        "summary_trigger_ratio": policy.view_target_ratio, "keep_recent_share": 1.0,
-        "keep_recent_tokens": max(projection.raw_tail_tokens, 1)})
+    return policy.model_copy(update={"summary_trigger_ratio": settle / budget, "keep_recent_share": 1.0,
+                                     "keep_recent_tokens": max(projection.raw_tail_tokens, 1)})
 
 
 # -- fit: tailoring, recall offered for what it hid, proactive recall counted -------------------

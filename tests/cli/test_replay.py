@@ -31,8 +31,10 @@ from simulator.puppet import start_puppet
 from simulator.workloads import TOOL_SPECS, synthetic_session
 
 MODEL = "fake-32k"
-ROUNDS = 24
-LIVE = "economy"  # summaries early: the live bill includes summary calls  # 48 requests, ~35k tokens by the end: the 32k window forces compaction and summaries
+# 72 requests: the 32k window forces compaction, and placeholders pile up long enough that the cost
+# model folds them into a summary (policies/cost.settle_size).
+ROUNDS = 36
+LIVE = "economy"  # summaries early: the live bill includes summary calls
 
 
 def _messages_tools() -> list[dict]:

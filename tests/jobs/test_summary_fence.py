@@ -28,12 +28,16 @@ def blocks(body: dict) -> list[str]:
 
 
 async def test_a_quoted_fence_tag_never_closes_the_summary_block_upstream(start_gateway, upstream):
-    gw = await start_gateway()  # the default: summaries are cache forks of the view where that is the cheaper form
+    # The default profile: summaries are cache forks of the view where that is the cheaper form.
+    # 60 rounds and cached reads at half price: a second summary (a transcript, which fences the
+    # first) comes (placeholders pile up for a while before the cost model folds them,
+    # policies/cost.settle_size).
+    gw = await start_gateway(policy={"cached_input_rate": 0.5})
     api = openai.AsyncOpenAI(base_url=gw.base_url, api_key="sk-fence", default_headers={"X-Session-Id": "fence"},
                              max_retries=0)
     history = [{"role": "system", "content": "agent"}, {"role": "user", "content": INJECTED},
                {"role": "assistant", "content": "noted"}]
-    await drive(api, synthetic_session(seed=5, rounds=40), model="fake-32k", messages=history)
+    await drive(api, synthetic_session(seed=5, rounds=60), model="fake-32k", messages=history)
     await settle(gw)
     key = gw.app[LEDGER].sessions()[0].key
     assert any("SYSTEM OVERRIDE" in cp.summary for cp in gw.app[CHECKPOINTS].list(key)), "the summary quotes the note"

@@ -76,7 +76,10 @@ async def test_a_responses_view_forks_as_a_responses_call(start_gateway, upstrea
 
 
 async def test_a_responses_view_to_a_chat_only_model_is_summarised_as_a_transcript(start_gateway, upstream):
-    gw = await start_gateway(models={"fake-32k": {"context_window": 32_000, "api": "chat"}}, policy=ECONOMY)
+    # Cached reads at half price: the loop's placeholders are worth a summary (at 0.1 the cost
+    # model settles over them instead, policies/cost.settle_size).
+    gw = await start_gateway(models={"fake-32k": {"context_window": 32_000, "api": "chat"}},
+                             policy={**ECONOMY, "cached_input_rate": 0.5})
     api = openai.AsyncOpenAI(base_url=gw.base_url, api_key="sk-fork", max_retries=0,
                              default_headers={"X-Session-Id": "fork-chat-only"})
     await drive_responses_loop(api, agent_loop_session(seed=13, turns=1, calls=40), model="fake-32k")

@@ -114,7 +114,9 @@ async def test_json_and_stream_through_the_sdk(upstream, start_gateway):
 
 @pytest.mark.parametrize("upstream_format", ["openai", "anthropic"])
 async def test_long_thinking_tool_loop_on_32k_compacts_and_is_accepted(upstream, start_gateway, upstream_format):
-    gw = await start_gateway(upstream={"format": upstream_format}, policy=ECONOMY)
+    # Cached reads at half price: the loop's piled-up placeholders are worth a summary (at 0.1 the
+    # cost model settles over them instead, policies/cost.settle_size), so the summary path runs.
+    gw = await start_gateway(upstream={"format": upstream_format}, policy={**ECONOMY, "cached_input_rate": 0.5})
     client = client_for(gw)
     history, answers = await run_loop(client, "s-loop", 40)
     await settle(gw)

@@ -86,10 +86,14 @@ async def test_the_chat_upstreams_errors_arrive_in_anthropics_envelope(upstream,
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_a_long_loop_on_a_chat_only_model_compacts_and_recalls(upstream, start_gateway, stream):
-    gw = await start_gateway(models=CHAT_ONLY, policy={"profile": "economy", "summary_trigger_ratio": 0.3})
+    # No cache discount and 36 steps: the loop's piled-up placeholders are worth a summary (with a
+    # cache, or fewer steps, the cost model settles over them instead: the summary block would be
+    # about as big, policies/cost.settle_size), so the summary path runs.
+    gw = await start_gateway(models=CHAT_ONLY, policy={"profile": "economy", "summary_trigger_ratio": 0.3,
+                                                      "cached_input_rate": 1.0})
     client = client_for(gw)
     history = [{"role": "user", "content": "Run the chain. [[call Bash {\"command\": \"step 1\"}]]"}]
-    for step in range(1, 25):
+    for step in range(1, 37):
         kw = dict(model="fake-32k", max_tokens=1024, system=SYSTEM, tools=[BASH], messages=history,
                   extra_headers={"X-Session-Id": f"loop-{stream}"})
         if stream:
@@ -101,7 +105,7 @@ async def test_a_long_loop_on_a_chat_only_model_compacts_and_recalls(upstream, s
         history += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in message.content]},
                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": step_output(step)}]}]
         await settle(gw)
-    history[-1]["content"][0]["content"] = step_output(24).rsplit("\n", 1)[0]
+    history[-1]["content"][0]["content"] = step_output(36).rsplit("\n", 1)[0]
     history += [{"role": "assistant", "content": "Chain done."},
                 {"role": "user", "content": "RECALL: where is the artifact for step 2?"}]
     kw = dict(model="fake-32k", max_tokens=1024, system=SYSTEM, tools=[BASH], messages=history,

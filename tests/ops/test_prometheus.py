@@ -140,7 +140,9 @@ async def prometheus_for(tmp_path):
 
 async def test_prometheus_scrapes_savings_and_latency(start_gateway, upstream, prometheus_for):
     deadline = time.monotonic() + DEADLINE_S
-    gw = await start_gateway(policy={"compact_batch_rounds": 4, "profile": "economy"})  # placeholders and summaries within the short workload
+    # Placeholders and summaries within the short workload (cached reads at half price: folding the
+    # placeholders pays early, policies/cost.settle_size).
+    gw = await start_gateway(policy={"compact_batch_rounds": 4, "profile": "economy", "cached_input_rate": 0.5})
     prom = await prometheus_for(gw.root.removeprefix("http://"), deadline)
     # Scraped before the traffic, so rates see the counters move.
     await prom.wait_for('up{job="palimpsest"} == 1', bool, deadline, "gateway target never up")

@@ -42,8 +42,10 @@ async def test_short_session_is_untouched(gateway, upstream):
 
 
 async def test_long_session_fits_window_and_saves_tokens(start_gateway, upstream):
-    # The transcript form of summary calls, whose system prompt is the summary instruction.
-    gateway = await start_gateway(policy={"profile": "economy", "summary_cache_fork": False})
+    # The transcript form of summary calls, whose system prompt is the summary instruction. Cached
+    # reads at half price make folding the placeholders pay on a session this short (at 0.1 the
+    # cost model settles over them instead: policies/cost.settle_size).
+    gateway = await start_gateway(policy={"profile": "economy", "summary_cache_fork": False, "cached_input_rate": 0.5})
     session = synthetic_session(seed=1, rounds=30)
     history, raw = await drive(client(gateway), session, model="fake-32k")
     await settle(gateway)
@@ -103,7 +105,8 @@ def metric_total(gw, name: str) -> float:
 
 
 async def test_summary_failure_never_fails_the_request(start_gateway, upstream):
-    gw = await start_gateway(policy={"summary_base_url": "http://127.0.0.1:9/v1", "profile": "economy"})
+    # Dear cached reads: a summary is due on this short session (see the test above).
+    gw = await start_gateway(policy={"summary_base_url": "http://127.0.0.1:9/v1", "profile": "economy", "cached_input_rate": 0.5})
     assert metric_total(gw, "palimpsest_summary_errors_total") == 0
     history, raw = await drive(client(gw, "fail"), synthetic_session(seed=3, rounds=28), model="fake-32k")
     await settle(gw)
@@ -209,7 +212,9 @@ async def test_truncated_tool_results_are_counted_in_a_header_and_a_metric(start
 
 
 async def test_policy_override_by_model_glob(start_gateway, upstream):
-    gw = await start_gateway(policies=[{"model": "fake-32*", "injection": "user", "profile": "economy"}])
+    # Dear cached reads: a summary is due on this short session (see test_long_session_fits_window_and_saves_tokens).
+    gw = await start_gateway(policies=[{"model": "fake-32*", "injection": "user", "profile": "economy",
+                                        "cached_input_rate": 0.5}])
     await drive(client(gw, "user-mode"), synthetic_session(seed=7, rounds=28), model="fake-32k")
     await settle(gw)
     await drive(client(gw, "user-mode"), synthetic_session(seed=7, rounds=1), model="fake-32k", messages=None)

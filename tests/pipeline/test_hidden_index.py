@@ -83,7 +83,9 @@ async def test_chat_upstream_receives_an_index_of_what_the_checkpoint_hides(star
 
 
 async def test_responses_upstream_receives_the_index(start_gateway, upstream):
-    gw = await start_gateway(**gateway_config("responses"), policy=ECONOMY)
+    # Cached reads at half price: the loop's placeholders are worth a summary, which carries the
+    # index (at 0.1 the cost model settles over them instead, policies/cost.settle_size).
+    gw = await start_gateway(**gateway_config("responses"), policy={**ECONOMY, "cached_input_rate": 0.5})
     session = agent_loop_session(seed=9, turns=5, calls=8)
     await drive_responses_loop(responses_client(gw, "idx-resp"), session, model="fake-32k")
     await settle(gw)
@@ -98,7 +100,7 @@ async def test_responses_upstream_receives_the_index(start_gateway, upstream):
 
 
 async def test_messages_upstream_receives_the_index_in_the_system_blocks(start_gateway, upstream):
-    gw = await start_gateway(policy=ECONOMY)
+    gw = await start_gateway(policy={**ECONOMY, "cached_input_rate": 0.5})  # a summary pays (above)
     await run_loop(client_for(gw), "idx-msg", 40)
     await settle(gw)
     sent = messages_requests(upstream)

@@ -16,7 +16,9 @@ from simulator.workloads import synthetic_session
 from tests.conftest import _serve
 from tests.support.agent import settle
 
-ECONOMY = {"profile": "economy"}
+# Cached reads at half price: the summary these tests look at comes early in a 26-round session
+# (at 0.1 the cost model lets placeholders pile up longer first: policies/cost.settle_size).
+ECONOMY = {"profile": "economy", "cached_input_rate": 0.5}
 RULES = ["From now on, never run database migrations against the orion cluster without my written approval.",
          "Always sign every commit message with \"Reviewed-by: Ada Okafor\".",
          "Do not ever edit files under /srv/app/cache/ without asking me first."]
