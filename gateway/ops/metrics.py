@@ -138,6 +138,10 @@ class Metrics:
         for name, metric in list(vars(self).items()):
             if isinstance(metric, MetricWrapperBase) and metric._labelnames:
                 setattr(self, name, Children(metric))
+        # Series the dashboard subtracts from another exist from the first scrape: a gateway that
+        # has made no summary or recall call yet still shows its net savings (0 spent, not no data).
+        for purpose in ("summary", "recall"):
+            self.tokens_spent_overhead.labels(purpose)
 
     def arm_billed(self, arm: str, model: str, billed, what: str = "billed", output_rate: float = 4.0) -> None:
         """One request's (or summary call's) tokens, priced, into its arm's counters."""

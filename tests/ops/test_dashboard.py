@@ -174,6 +174,18 @@ async def test_every_dashboard_metric_is_exported(gateway, upstream):
     assert shown == set(exposed), f"exported but not on the dashboard: {sorted(set(exposed) - shown)}"
 
 
+async def test_series_the_net_panels_subtract_exist_before_any_summary_or_recall(gateway):
+    """The net-savings panels subtract ``overhead_tokens_total``; with no series of it (no summary
+    or recall call yet) PromQL's subtraction is empty and the panels show no data at all."""
+    samples = {(s.name, s.labels.get("purpose")): s.value
+               for f in text_string_to_metric_families(await scrape(gateway)) for s in f.samples}
+    assert samples[("palimpsest_overhead_tokens_total", "summary")] == 0
+    assert samples[("palimpsest_overhead_tokens_total", "recall")] == 0
+    subtracting = [expr for _, expr in panel_queries(load_dashboard())
+                   if re.search(r"\) - sum\((increase|rate)\(palimpsest_overhead_tokens_total", expr)]
+    assert len(subtracting) == 4, subtracting
+
+
 async def test_label_sets_are_bounded(start_gateway, upstream):
     configured = {"fake-32k": {"context_window": 32_000}, "fake-8k": {"context_window": 8_000}}
     gw = await start_gateway(models=configured)
