@@ -122,7 +122,9 @@ class Policy(BaseModel):
     view_target_ratio: float = Field(
         0.1,
         description="Share of the budget the view settles at after tool-result compaction (the profile sets it): far "
-        "enough below the window that calls stay cheap and the provider's prompt cache keeps hitting.",
+        "enough below the window that calls stay cheap and the provider's prompt cache keeps hitting. With cost_model "
+        "on it is the floor: the cost model may settle higher, up to compact_trigger_ratio, where folding the "
+        "placeholders into a summary would not pay.",
     )
     reserve_tokens: int = Field(
         1024, ge=0, description="Tokens held back from the budget to absorb estimation error against the provider's count."
