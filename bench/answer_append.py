@@ -7,12 +7,18 @@ what the next request's sync then pays, and a Responses id's ``remember``.
 A session of 450 messages of ~1 KB is synced, then each step appends an answer and syncs the
 next request (answer + a user message), as an agent loop does. Statement counts are exact;
 times are CPU p50 and move with the machine's load.
+
+``--statements`` also prints each ledger statement's wall p50 in a third own-commit loop, and a probe
+after each COMMIT (``bench/overhead_stages.py --warm-probe``'s: the same transaction on a warm
+path), to set against the same rows measured inside the gateway.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import os
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -27,6 +33,38 @@ from store.canonical import path_ids  # noqa: E402
 from store.ledger import Ledger  # noqa: E402
 from store.records import SessionRef  # noqa: E402
 from store.response_ids import ResponseIds  # noqa: E402
+
+
+class TimedStatements:
+    """The ledger's connection with each statement's wall time kept by its text (values left out)."""
+
+    def __init__(self, db: sqlite3.Connection, times: dict[str, list[float]]) -> None:
+        self._db, self._times = db, times
+
+    def _timed(self, method, sql: str, *args):
+        started = time.perf_counter()
+        try:
+            return method(sql, *args)
+        finally:
+            self._times[" ".join(sql.split())[:60]].append(time.perf_counter() - started)
+            if sql == "COMMIT":
+                self._probe()
+
+    def _probe(self) -> None:
+        row = self._db.execute("SELECT key FROM sessions ORDER BY updated DESC LIMIT 1").fetchone()
+        for sql, args in (("BEGIN IMMEDIATE", ()), ("UPDATE sessions SET updated = updated WHERE key = ?", row), ("COMMIT", ())):
+            started = time.perf_counter()
+            self._db.execute(sql, args)
+            self._times[f"probe after a COMMIT: {sql[:30]}"].append(time.perf_counter() - started)
+
+    def execute(self, sql, *args):
+        return self._timed(self._db.execute, sql, *args)
+
+    def executemany(self, sql, *args):
+        return self._timed(self._db.executemany, sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self._db, name)
 
 
 def loop(ledger: Ledger, n: int) -> tuple[int, float, float]:
@@ -57,9 +95,15 @@ def loop(ledger: Ledger, n: int) -> tuple[int, float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=300)
+    parser.add_argument("--statements", action="store_true", help="each ledger statement's wall p50 (and a warm probe)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="answer-append-"))
+    statements: dict[str, list[float]] = collections.defaultdict(list)
     own = loop(Ledger(root / "own"), args.n)
+    if args.statements:  # a loop of its own: the probes' statements would be counted above
+        timed = Ledger(root / "timed")
+        timed._db = TimedStatements(timed._db, statements)  # type: ignore[assignment]  # noqa: SLF001
+        loop(timed, args.n)
     deferred = loop(Ledger(root / "deferred", defer_answers=True), args.n)
     ids = ResponseIds(root / "responses")
     remember = []
@@ -70,6 +114,9 @@ def main() -> None:
     print(f"answer append, own commit: {own[0]} SQL statements, CPU p50 {own[1]:.3f} ms; next sync {own[2]:.3f} ms")
     print(f"answer append, deferred:   {deferred[0]} SQL statements, CPU p50 {deferred[1]:.3f} ms; next sync {deferred[2]:.3f} ms")
     print(f"response id remember: CPU p50 {statistics.median(remember) * 1e3:.3f} ms")
+    for label, values in statements.items():
+        if label.startswith("probe") or len(values) >= args.n:
+            print(f"  {label:62s} {len(values):5d} wall p50 {statistics.median(values) * 1e6:6.1f} µs")
 
 
 if __name__ == "__main__":

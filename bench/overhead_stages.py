@@ -10,6 +10,10 @@ client and bodies), with its profiler replaced by timers: the stage functions be
 ids' connections. ``outside the upstream wait`` is a turn's time from its start (before the body is
 read) to its observation, less the wait for the upstream's answer head. Stages that a tree does
 not have are skipped. Times move with the machine's load: compare trees in alternating runs.
+
+SQL rows also show their thread CPU time (p50). ``--warm-probe`` follows each ledger COMMIT with
+a second, one-page transaction (``probe`` rows: BEGIN IMMEDIATE, an UPDATE of the newest
+session's row to itself, COMMIT), the same statements on a warm path, to set against the first.
 """
 
 from __future__ import annotations
@@ -40,7 +44,9 @@ STAGES = [
     ("gateway.pipeline.turn", "TurnRecorder.observe"),
 ]
 times: dict[str, list[float]] = collections.defaultdict(list)
+cpu: dict[str, list[float]] = collections.defaultdict(list)  # SQL statements' thread CPU time
 measuring = [False]
+warm_probe = [False]
 _first: list = []
 
 
@@ -76,12 +82,23 @@ class TimedConnection:
         self._db, self._name = db, name
 
     def _timed(self, method, sql: str, *args):
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         try:
             return method(sql, *args)
         finally:
             if measuring[0]:
-                times[f"sql {self._name}: {' '.join(sql.split())[:56]}"].append(time.perf_counter() - started)
+                label = f"sql {self._name}: {' '.join(sql.split())[:56]}"
+                times[label].append(time.perf_counter() - started)
+                cpu[label].append(time.thread_time() - cpu_started)
+                if warm_probe[0] and sql == "COMMIT" and self._name == "ledger.sqlite3":
+                    self._probe()
+
+    def _probe(self) -> None:
+        (key,) = self._db.execute("SELECT key FROM sessions ORDER BY updated DESC LIMIT 1").fetchone()
+        for sql, args in (("BEGIN IMMEDIATE", ()), ("UPDATE sessions SET updated = updated WHERE key = ?", (key,)), ("COMMIT", ())):
+            started = time.perf_counter()
+            self._db.execute(sql, args)
+            times[f"probe after a COMMIT: {sql[:30]}"].append(time.perf_counter() - started)
 
     def execute(self, sql, *args):
         return self._timed(self._db.execute, sql, *args)
@@ -147,12 +164,15 @@ def install() -> None:
 
 def main() -> None:
     install()
-    sys.argv[0] = "overhead_calls.py"
+    warm_probe[0] = "--warm-probe" in sys.argv
+    sys.argv = ["overhead_calls.py", *(a for a in sys.argv[1:] if a != "--warm-probe")]
     oc.main()  # its first line counts nothing here (no profiler)
-    print("stage (µs per call)                                          calls    p50   mean")
+    print("stage (µs per call)                                          calls    p50   mean  cpu p50")
     for label, values in times.items():
         values.sort()
-        print(f"{label:60s} {len(values):5d} {values[len(values) // 2] * 1e6:6.0f} {sum(values) / len(values) * 1e6:6.0f}")
+        spent = sorted(cpu.get(label, ()))
+        on_cpu = f"{spent[len(spent) // 2] * 1e6:8.0f}" if spent else ""
+        print(f"{label:60s} {len(values):5d} {values[len(values) // 2] * 1e6:6.0f} {sum(values) / len(values) * 1e6:6.0f}{on_cpu}")
 
 
 if __name__ == "__main__":

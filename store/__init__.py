@@ -84,8 +84,8 @@ def open_stores(store_settings) -> tuple[Any, Any]:
     from store.checkpoints import DiskCheckpoints
     from store.ledger import Ledger
 
-    return (Ledger(store_settings.path, synchronous=store_settings.sync),
-            DiskCheckpoints(store_settings.path, synchronous=store_settings.sync))
+    ledger = Ledger(store_settings.path, synchronous=store_settings.sync)
+    return ledger, DiskCheckpoints(store_settings.path, synchronous=store_settings.sync, has_session=ledger.has_session)
 
 
 def open_response_ids(store_settings, ledger) -> Any:

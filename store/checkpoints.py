@@ -19,6 +19,7 @@ import time
 from collections import OrderedDict
 from dataclasses import asdict
 from pathlib import Path
+from typing import Callable
 
 import diskcache
 from diskcache.core import MODE_PICKLE
@@ -82,8 +83,13 @@ class DiskCheckpoints:
 
     blocking = False
 
-    def __init__(self, path: str | Path, *, synchronous: str = "normal") -> None:
+    def __init__(self, path: str | Path, *, synchronous: str = "normal",
+                 has_session: Callable[[str], bool] | None = None) -> None:
         root = private_dir(Path(path))
+        # The ledger's `has_session`: a session without a ledger row has no checkpoints (a
+        # checkpoint is written from the session's events, which are committed with the row
+        # first, by whichever process), so a new session's first `list` skips diskcache's read.
+        self._has_session = has_session
         self._cache = diskcache.Cache(
             str(private_dir(root / DIRECTORY)), disk=JSONOnlyDisk, sqlite_synchronous=2 if synchronous == "full" else 1,
             size_limit=2**62, eviction_policy="none",
@@ -153,7 +159,9 @@ class DiskCheckpoints:
 
     def list(self, session_key: str) -> list[Checkpoint]:
         found = self._memo.get(session_key)
-        found = self._remember(session_key, self._load(session_key) if found is None else found)
+        if found is None:
+            found = self._load(session_key) if self._has_session is None or self._has_session(session_key) else ()
+        found = self._remember(session_key, found)
         return list(found)
 
     def newest_on_path(self, session_key: str, positions: dict[str, int]) -> tuple[Checkpoint, int] | None:

@@ -376,6 +376,11 @@ class Ledger:
         ).fetchall()
         return [r[0] for r in rows]
 
+    def has_session(self, session_key: str) -> bool:
+        """Whether the session has a row (events): True for one opened here (or that was: the safe
+        answer, the caller reads on), else one indexed read, without the flush of `session`."""
+        return session_key in self._epochs or self._db.execute("SELECT 1 FROM sessions WHERE key = ?", (session_key,)).fetchone() is not None
+
     def session(self, session_key: str) -> SessionRecord | None:
         self.flush()
         row = self._db.execute(
