@@ -138,10 +138,14 @@ class Metrics:
         for name, metric in list(vars(self).items()):
             if isinstance(metric, MetricWrapperBase) and metric._labelnames:
                 setattr(self, name, Children(metric))
-        # Series the dashboard subtracts from another exist from the first scrape: a gateway that
-        # has made no summary or recall call yet still shows its net savings (0 spent, not no data).
+        # Series the dashboard subtracts or rates exist from the first scrape: a gateway that has
+        # made no summary or recall call yet shows its net savings (0 spent) and 0 summary jobs/s,
+        # not "no data" (and a series first seen late has no earlier sample for rate/increase).
         for purpose in ("summary", "recall"):
             self.tokens_spent_overhead.labels(purpose)
+        for mode in ("async", "sync", "client"):
+            self.summary_enqueued.labels(mode)
+            self.summary_created.labels(mode)
 
     def arm_billed(self, arm: str, model: str, billed, what: str = "billed", output_rate: float = 4.0) -> None:
         """One request's (or summary call's) tokens, priced, into its arm's counters."""

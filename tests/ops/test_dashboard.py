@@ -176,11 +176,17 @@ async def test_every_dashboard_metric_is_exported(gateway, upstream):
 
 async def test_series_the_net_panels_subtract_exist_before_any_summary_or_recall(gateway):
     """The net-savings panels subtract ``overhead_tokens_total``; with no series of it (no summary
-    or recall call yet) PromQL's subtraction is empty and the panels show no data at all."""
+    or recall call yet) PromQL's subtraction is empty and the panels show no data at all. The
+    same for the summary-job rates: a series first seen in the last scrape has no rate."""
     samples = {(s.name, s.labels.get("purpose")): s.value
                for f in text_string_to_metric_families(await scrape(gateway)) for s in f.samples}
     assert samples[("palimpsest_overhead_tokens_total", "summary")] == 0
     assert samples[("palimpsest_overhead_tokens_total", "recall")] == 0
+    modes = {(s.name, s.labels.get("mode")): s.value
+             for f in text_string_to_metric_families(await scrape(gateway)) for s in f.samples}
+    for mode in ("async", "sync", "client"):  # the "Summary jobs" panel's rates, 0 before any job
+        assert modes[("palimpsest_summary_jobs_enqueued_total", mode)] == 0
+        assert modes[("palimpsest_summary_checkpoints_created_total", mode)] == 0
     subtracting = [expr for _, expr in panel_queries(load_dashboard())
                    if re.search(r"\) - sum\((increase|rate)\(palimpsest_overhead_tokens_total", expr)]
     assert len(subtracting) == 4, subtracting
