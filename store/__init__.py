@@ -116,8 +116,11 @@ async def delete_session(session_key: str, *, ledger, checkpoints, index=None, t
 
     `index` is a `store.index.SearchIndex` or None (nothing indexed, or the index is not open;
     the recall index is a derived cache, so a table left behind is only wasted space, and
-    `palimpsest reindex` drops it)."""
-    events = await call(ledger.delete_session, session_key)
+    `palimpsest reindex` drops it).
+
+    The ledger's session goes last: while it exists the session is listed (the retention sweep,
+    `palimpsest sessions`), so a deletion that fails half-way can be run again, and no
+    checkpoint of a deleted session is left for a new session under the same key."""
     checkpoints_deleted = await call(checkpoints.delete_session, session_key)
     if index is not None:
         await index.drop_session(session_key)
@@ -125,6 +128,7 @@ async def delete_session(session_key: str, *, ledger, checkpoints, index=None, t
         turns.delete_session(session_key)
     if responses is not None:
         await call(responses.delete_session, session_key)
+    events = await call(ledger.delete_session, session_key)
     return {"events": events, "checkpoints": checkpoints_deleted}
 
 

@@ -136,6 +136,27 @@ async def test_delete_session_removes_events_and_checkpoints_and_other_sessions_
     checkpoints.close()
 
 
+async def test_a_deletion_failing_half_way_leaves_the_session_listed_and_can_be_run_again(tmp_path):
+    ledger, checkpoints = Ledger(tmp_path), DiskCheckpoints(tmp_path)
+    ref = SessionRef("t", "half")
+    ids = ledger.sync(ref, HISTORY).ids
+    checkpoints.add(ref.key, boundary=ids[1], summary="s", state={}, covered_tokens=1, covered_events=2,
+                    model="m", mode="async", previous=None, summary_tokens=1)
+
+    class FailingResponses:
+        def delete_session(self, key):
+            raise OSError("disk gone")
+
+    with pytest.raises(OSError):
+        await delete_session(ref.key, ledger=ledger, checkpoints=checkpoints, responses=FailingResponses())
+    # The checkpoints went first; the session is still there, so the deletion is not lost.
+    assert checkpoints.list(ref.key) == [] and ledger.session(ref.key) is not None
+    assert await delete_session(ref.key, ledger=ledger, checkpoints=checkpoints) == {"events": 3, "checkpoints": 0}
+    assert ledger.session(ref.key) is None
+    ledger.close()
+    checkpoints.close()
+
+
 def test_delete_through_another_process_is_not_hidden_by_the_known_event_cache(tmp_path):
     gateway, cli = Ledger(tmp_path), Ledger(tmp_path)
     ref = SessionRef("t", "s")
