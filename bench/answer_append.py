@@ -33,13 +33,15 @@ from store.canonical import path_ids  # noqa: E402
 from store.ledger import Ledger  # noqa: E402
 from store.records import SessionRef  # noqa: E402
 from store.response_ids import ResponseIds  # noqa: E402
+from sql_probe import WrappedConnection, probe_after_commit  # noqa: E402
 
 
-class TimedStatements:
+class TimedStatements(WrappedConnection):
     """The ledger's connection with each statement's wall time kept by its text (values left out)."""
 
     def __init__(self, db: sqlite3.Connection, times: dict[str, list[float]]) -> None:
-        self._db, self._times = db, times
+        super().__init__(db)
+        self._times = times
 
     def _timed(self, method, sql: str, *args):
         started = time.perf_counter()
@@ -48,23 +50,7 @@ class TimedStatements:
         finally:
             self._times[" ".join(sql.split())[:60]].append(time.perf_counter() - started)
             if sql == "COMMIT":
-                self._probe()
-
-    def _probe(self) -> None:
-        row = self._db.execute("SELECT key FROM sessions ORDER BY updated DESC LIMIT 1").fetchone()
-        for sql, args in (("BEGIN IMMEDIATE", ()), ("UPDATE sessions SET updated = updated WHERE key = ?", row), ("COMMIT", ())):
-            started = time.perf_counter()
-            self._db.execute(sql, args)
-            self._times[f"probe after a COMMIT: {sql[:30]}"].append(time.perf_counter() - started)
-
-    def execute(self, sql, *args):
-        return self._timed(self._db.execute, sql, *args)
-
-    def executemany(self, sql, *args):
-        return self._timed(self._db.executemany, sql, *args)
-
-    def __getattr__(self, name):
-        return getattr(self._db, name)
+                probe_after_commit(self._db, self._times)
 
 
 def loop(ledger: Ledger, n: int) -> tuple[int, float, float]:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import overhead_calls as oc  # noqa: E402  (sets sys.path for the tree measured)
+from sql_probe import WrappedConnection, probe_after_commit  # noqa: E402
 
 STAGES = [
     ("gateway.http.edge", "GatewayRequest.read"), ("gateway.pipeline.pipeline", "Pipeline.parsed"),
@@ -75,11 +76,12 @@ class NoStats:
         pass
 
 
-class TimedConnection:
+class TimedConnection(WrappedConnection):
     """A sqlite3 connection whose statements are timed (by their text, values left out)."""
 
     def __init__(self, db: sqlite3.Connection, name: str) -> None:
-        self._db, self._name = db, name
+        super().__init__(db)
+        self._name = name
 
     def _timed(self, method, sql: str, *args):
         started, cpu_started = time.perf_counter(), time.thread_time()
@@ -91,23 +93,7 @@ class TimedConnection:
                 times[label].append(time.perf_counter() - started)
                 cpu[label].append(time.thread_time() - cpu_started)
                 if warm_probe[0] and sql == "COMMIT" and self._name == "ledger.sqlite3":
-                    self._probe()
-
-    def _probe(self) -> None:
-        (key,) = self._db.execute("SELECT key FROM sessions ORDER BY updated DESC LIMIT 1").fetchone()
-        for sql, args in (("BEGIN IMMEDIATE", ()), ("UPDATE sessions SET updated = updated WHERE key = ?", (key,)), ("COMMIT", ())):
-            started = time.perf_counter()
-            self._db.execute(sql, args)
-            times[f"probe after a COMMIT: {sql[:30]}"].append(time.perf_counter() - started)
-
-    def execute(self, sql, *args):
-        return self._timed(self._db.execute, sql, *args)
-
-    def executemany(self, sql, *args):
-        return self._timed(self._db.executemany, sql, *args)
-
-    def __getattr__(self, name):
-        return getattr(self._db, name)
+                    probe_after_commit(self._db, times)
 
 
 def timed(fn, label: str):
