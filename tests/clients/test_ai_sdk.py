@@ -1,0 +1,46 @@
+"""The Vercel AI SDK (npm ``ai`` with ``@ai-sdk/openai`` and ``@ai-sdk/anthropic``) through the
+gateway, on each API it speaks: ``openai(id)`` Responses (``store`` left at its default, so it
+sends earlier answers as ``item_reference`` items), ``openai.chat(id)`` Chat Completions,
+``anthropic(id)`` Messages (a cache_control breakpoint on the system prompt via providerOptions).
+
+Each runs its own tool loop (``generateText`` / ``streamText`` with ``stopWhen: stepCountIs``)
+through a 12-step chain that overflows the 16k model, then asks back a fact only recall can
+find. The client gets every step's tool call and the final text, never the gateway's recall
+tools; the upstream gets compacted views (tests/clients/node_run.py). The scripts are
+tests/clients/node/ai_sdk.mjs and steps.mjs; the packages are pinned in
+tests/support/cli-packages.txt."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.clients.node_run import (ANSWER, MODEL, PATHS, STEPS, TOKENS, assert_compacted_upstream,
+                                    conversation, run_node)
+from tests.clients.rig import GATEWAY, session_id
+
+
+@pytest.mark.parametrize("mode", ["generate", "stream"])
+@pytest.mark.parametrize("api", ["responses", "chat", "messages"])
+async def test_ai_sdk_tool_loop_and_recall(start_gateway, upstream, api, mode):
+    gw = await start_gateway(**GATEWAY)
+    got = await run_node("ai_sdk.mjs", {"api": api, "mode": mode, "baseURL": gw.base_url, "model": MODEL,
+                                        "session": session_id(f"ai-sdk-{api}-{mode}"), "steps": STEPS, "tokens": TOKENS})
+    loop, recall = got["loop"], got["recall"]
+    assert got["results"] == list(range(1, STEPS + 1))  # every tool ran, in order, once
+    assert loop["tool_calls"] == ["run_step"] * STEPS and loop["tool_errors"] == []
+    assert loop["steps"] == STEPS + 1 and loop["finish"][-1] == "stop"
+    assert f"step {STEPS} of {STEPS}" in loop["text"]  # the model read the last tool result
+    assert loop["usage"]["input"] > 0 and loop["usage"]["output"] > 0
+    # The gateway's recall round is invisible: one step, text only, the fact in it.
+    assert recall["steps"] == 1 and recall["tool_calls"] == [] and recall["tool_errors"] == []
+    assert ANSWER in recall["text"]
+    assert recall["usage"]["input"] > 0 and recall["usage"]["output"] > 0
+    if mode == "stream":
+        for parts in (loop["stream_parts"], recall["stream_parts"]):
+            assert "error" not in parts and "finish" in parts
+        assert "tool-call:run_step" in loop["stream_parts"]
+        assert not [p for p in recall["stream_parts"] if p.startswith("tool")]
+    assert_compacted_upstream(upstream, PATHS[api])
+    bodies = conversation(upstream, PATHS[api])
+    if api == "responses":  # the AI SDK's store=true shape: the loop's answer resent by reference
+        assert any(item.get("type") == "item_reference" for item in bodies[STEPS + 1]["input"])
