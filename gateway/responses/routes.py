@@ -24,6 +24,7 @@ from gateway.http.errors import BadRequest
 from gateway.http.gate import tenant_of
 from gateway.keys import REQUEST_ID, UPSTREAM_KEY
 from gateway.pipeline.pipeline import Pipeline
+from gateway.responses import references
 from store import call as store_call
 from store.canonical import path_ids
 from store.interfaces import ResponseIdStore
@@ -61,11 +62,16 @@ class ResponsesRoutes:
         if prefix:
             chat.history = [*prefix, *chat.history]
             ids = path_ids(chat.history)
+        # References to items of answers the gateway wrote (chat-only upstreams) read back from the ledger.
+        expanded = references.referenced(chat) and await references.expand(
+            chat, tenant, self.response_ids, self.pipeline.ledger)
+        if expanded:
+            ids = path_ids(chat.history)
         if ref is None:
             ref = self.pipeline.identity.session(request, tenant, ids[0] if ids else None)
         # The history is not the client's input as it came: always rendered (a bypassed request
         # goes as it came, previous_response_id and all: the provider holds that chain too).
-        rewritten = bool(prefix) and not bypass
+        rewritten = bool(prefix or expanded) and not bypass
         if self.compactor.ours(chat):  # a gateway compaction item is unreadable upstream, bypass or not
             rewritten = True
             ref = ref or await self._compacted_session(chat, tenant)

@@ -190,3 +190,37 @@ async def test_deleting_a_session_forgets_the_response_ids_of_its_answers(start_
     assert not gw.app[RESPONSES].response_ids.taken(first.id)
     with pytest.raises(openai.BadRequestError):  # passed on: the provider (store false) has nothing either
         await alice.responses.create(model="fake-32k", previous_response_id=first.id, input="continue", store=False)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_item_reference_to_an_answer_the_gateway_minted_is_read_back_from_the_ledger(start_gateway, upstream, stream):
+    """On a chat-only upstream the gateway writes the Responses answer (``msg_<base>``). A client
+    that stores responses (the Vercel AI SDK's default) resends it as an ``item_reference``: the
+    chat upstream gets the assistant's words (not an empty message), the ledger stays one branch,
+    nothing is named dropped. Another tenant's reference to it is not expanded: it is dropped
+    for the chat upstream and alice's words never reach bob's view."""
+    gw = await start_gateway(models={"fake-32k": {"context_window": 32_000, "api": "chat"}}, tenants=TENANTS,
+                             server={"client_keys": "required"})
+    alice, bob = client(gw, "pk-alice", session="a"), client(gw, "pk-bob", session="b")
+
+    async def create(sdk, **kw):
+        raw = await sdk.responses.with_raw_response.create(model="fake-32k", stream=stream, **kw)
+        if not stream:
+            return raw.parse(), raw.headers
+        done = [event.response async for event in raw.parse() if event.type == "response.completed"]
+        return done[0], raw.headers
+
+    first, _ = await create(alice, input="alice's plan: 7731")
+    message = next(item for item in first.output if item.type == "message")
+    assert message.id.startswith("msg_")
+    reference = [{"role": "user", "content": "alice's plan: 7731"}, {"type": "item_reference", "id": message.id}]
+    follow, headers = await create(alice, input=[*reference, {"role": "user", "content": "and then?"}])
+    assert follow.output_text.startswith("ok:") and "x-palimpsest-dropped" not in headers
+    sent = upstream.chat_requests()[-1]["json"]["messages"]
+    assert {"role": "assistant", "content": first.output_text} in sent
+    ledger = gw.app[LEDGER]
+    key = next(s.key for s in ledger.sessions() if s.session_id == "a")
+    assert len(ledger.heads(key)) == 1  # the reference is the recorded answer's event, not a new branch
+    _, headers = await create(bob, input=[*reference, {"role": "user", "content": "and then?"}])
+    assert headers["x-palimpsest-dropped"] == "item_reference=1"
+    assert first.output_text not in str(upstream.chat_requests()[-1]["json"])
