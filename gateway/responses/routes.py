@@ -62,13 +62,12 @@ class ResponsesRoutes:
         if prefix:
             chat.history = [*prefix, *chat.history]
             ids = path_ids(chat.history)
-        # References to items of answers the gateway wrote (chat-only upstreams) read back from the ledger.
-        expanded = references.referenced(chat) and await references.expand(
-            chat, tenant, self.response_ids, self.pipeline.ledger)
-        if expanded:
-            ids = path_ids(chat.history)
         if ref is None:
             ref = self.pipeline.identity.session(request, tenant, ids[0] if ids else None)
+        # References to items of answers the gateway recorded, read back from the ledger.
+        expanded = references.referenced(chat) and await references.expand(chat, ref.key, ids, self.pipeline.ledger)
+        if expanded:
+            ids = path_ids(chat.history)
         # The history is not the client's input as it came: always rendered (a bypassed request
         # goes as it came, previous_response_id and all: the provider holds that chain too).
         rewritten = bool(prefix or expanded) and not bypass

@@ -12,11 +12,15 @@ tests/support/cli-packages.txt."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from tests.clients.node_run import (ANSWER, MODEL, PATHS, STEPS, TOKENS, assert_compacted_upstream,
+from gateway.keys import LEDGER
+from tests.clients.node_run import (ANSWER, MODEL, PATHS, PLACEHOLDER, STEPS, TOKENS, assert_compacted_upstream,
                                     conversation, run_node)
 from tests.clients.rig import GATEWAY, session_id
+from tests.support.agent import settle
 
 
 @pytest.mark.parametrize("mode", ["generate", "stream"])
@@ -42,5 +46,34 @@ async def test_ai_sdk_tool_loop_and_recall(start_gateway, upstream, api, mode):
         assert not [p for p in recall["stream_parts"] if p.startswith("tool")]
     assert_compacted_upstream(upstream, PATHS[api])
     bodies = conversation(upstream, PATHS[api])
-    if api == "responses":  # the AI SDK's store=true shape: the loop's answer resent by reference
-        assert any(item.get("type") == "item_reference" for item in bodies[STEPS + 1]["input"])
+    if api == "responses":  # the loop's answer, resent by reference (store=true), goes up as the item itself
+        assert not [i for i in bodies[STEPS + 1]["input"] if i.get("type") == "item_reference"]
+        assert json.dumps(loop["text"])[1:-1] in json.dumps(bodies[STEPS + 1]["input"])
+
+
+@pytest.mark.parametrize("upstream_api", ["responses", "chat"])
+async def test_ai_sdk_responses_references_and_previous_response_id(start_gateway, upstream, upstream_api):
+    """``openai(id)`` on a Responses and on a chat-only upstream: its recall turn resends the loop's
+    answer as an ``item_reference``, which the gateway reads back from the ledger (the chat
+    upstream gets the assistant's words; the session stays one branch); a third turn continues
+    with ``providerOptions.openai.previousResponseId`` and only the new question, which the
+    gateway rebuilds from the ledger (compacted) instead of passing the id on."""
+    gw = await start_gateway(**GATEWAY, models={MODEL: {"api": upstream_api}})
+    session = session_id(f"ai-sdk-refs-{upstream_api}")
+    got = await run_node("ai_sdk.mjs", {"api": "responses", "mode": "generate", "baseURL": gw.base_url, "model": MODEL,
+                                        "session": session, "steps": STEPS, "tokens": TOKENS, "previous": True})
+    assert ANSWER in got["recall"]["text"] and ANSWER in got["previous"]["text"]
+    assert got["previous"]["tool_calls"] == [] and got["previous"]["tool_errors"] == []
+    bodies = conversation(upstream, PATHS[upstream_api])
+    assert len(bodies) == STEPS + 1 + 2 + 2
+    recall_view, previous_view = bodies[STEPS + 1], bodies[STEPS + 3]
+    if upstream_api == "chat":
+        assert {"role": "assistant", "content": got["loop"]["text"]} in recall_view["messages"]
+    else:
+        assert not [i for i in recall_view["input"] if i.get("type") == "item_reference"]
+        assert "previous_response_id" not in previous_view
+    assert PLACEHOLDER in json.dumps(previous_view)  # the whole chain, rebuilt and compacted
+    await settle(gw)
+    ledger = gw.app[LEDGER]
+    records = [r for r in ledger.sessions() if r.session_id == session]
+    assert len(records) == 1 and len(ledger.heads(records[0].key)) == 1

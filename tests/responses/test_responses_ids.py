@@ -193,13 +193,15 @@ async def test_deleting_a_session_forgets_the_response_ids_of_its_answers(start_
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_an_item_reference_to_an_answer_the_gateway_minted_is_read_back_from_the_ledger(start_gateway, upstream, stream):
-    """On a chat-only upstream the gateway writes the Responses answer (``msg_<base>``). A client
-    that stores responses (the Vercel AI SDK's default) resends it as an ``item_reference``: the
-    chat upstream gets the assistant's words (not an empty message), the ledger stays one branch,
-    nothing is named dropped. Another tenant's reference to it is not expanded: it is dropped
-    for the chat upstream and alice's words never reach bob's view."""
-    gw = await start_gateway(models={"fake-32k": {"context_window": 32_000, "api": "chat"}}, tenants=TENANTS,
+@pytest.mark.parametrize("api", ["responses", "chat"])
+async def test_an_item_reference_to_a_recorded_answer_is_read_back_from_the_ledger(start_gateway, upstream, api, stream):
+    """A client that stores responses (the Vercel AI SDK's default) resends an earlier answer as
+    an ``item_reference``. The gateway recorded that answer after the message before it, so the
+    upstream gets the item itself: on a chat-only upstream the assistant's words (not an empty
+    message, nothing named dropped), on a Responses upstream the message item with its id; the
+    ledger stays one branch. Another tenant's reference to it is not expanded from alice's
+    ledger: on a chat-only upstream it is dropped and alice's words never reach bob's view."""
+    gw = await start_gateway(models={"fake-32k": {"context_window": 32_000, "api": api}}, tenants=TENANTS,
                              server={"client_keys": "required"})
     alice, bob = client(gw, "pk-alice", session="a"), client(gw, "pk-bob", session="b")
 
@@ -212,15 +214,20 @@ async def test_an_item_reference_to_an_answer_the_gateway_minted_is_read_back_fr
 
     first, _ = await create(alice, input="alice's plan: 7731")
     message = next(item for item in first.output if item.type == "message")
-    assert message.id.startswith("msg_")
     reference = [{"role": "user", "content": "alice's plan: 7731"}, {"type": "item_reference", "id": message.id}]
     follow, headers = await create(alice, input=[*reference, {"role": "user", "content": "and then?"}])
     assert follow.output_text.startswith("ok:") and "x-palimpsest-dropped" not in headers
-    sent = upstream.chat_requests()[-1]["json"]["messages"]
-    assert {"role": "assistant", "content": first.output_text} in sent
+    if api == "chat":
+        sent = upstream.chat_requests()[-1]["json"]["messages"]
+        assert {"role": "assistant", "content": first.output_text} in sent
+    else:
+        sent = responses_bodies(upstream)[-1]["input"]
+        assert [i["type"] for i in sent if i.get("id") == message.id] == ["message"]
+        assert first.output_text in str(sent)
     ledger = gw.app[LEDGER]
     key = next(s.key for s in ledger.sessions() if s.session_id == "a")
     assert len(ledger.heads(key)) == 1  # the reference is the recorded answer's event, not a new branch
-    _, headers = await create(bob, input=[*reference, {"role": "user", "content": "and then?"}])
-    assert headers["x-palimpsest-dropped"] == "item_reference=1"
-    assert first.output_text not in str(upstream.chat_requests()[-1]["json"])
+    if api == "chat":
+        _, headers = await create(bob, input=[*reference, {"role": "user", "content": "and then?"}])
+        assert headers["x-palimpsest-dropped"] == "item_reference=1"
+        assert first.output_text not in str(upstream.chat_requests()[-1]["json"])
