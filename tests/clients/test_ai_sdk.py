@@ -77,3 +77,30 @@ async def test_ai_sdk_responses_references_and_previous_response_id(start_gatewa
     ledger = gw.app[LEDGER]
     records = [r for r in ledger.sessions() if r.session_id == session]
     assert len(records) == 1 and len(ledger.heads(records[0].key)) == 1
+
+
+@pytest.mark.parametrize("store", [False, True], ids=["store-false", "store-true"])
+async def test_ai_sdk_responses_reasoning_tool_loop(start_gateway, upstream, store):
+    """``openai(id)`` as a reasoning model (``forceReasoning``, encrypted reasoning included):
+    with ``store: false`` it resends each reasoning item whole and the call after it without its
+    item id, with ``store: true`` the reasoning items as ``item_reference``. Either way every
+    view the gateway compacts keeps each call's reasoning item (the simulator refuses a call
+    without it, or a reasoning item without its call), no reference goes up unread, the session
+    stays one branch and the recall turn finds the fact."""
+    gw = await start_gateway(**GATEWAY)
+    session = session_id(f"ai-sdk-reasoning-{store}")
+    options = {"openai": {"forceReasoning": True, "reasoningEffort": "low", "store": store,
+                          "include": ["reasoning.encrypted_content"]}}
+    got = await run_node("ai_sdk.mjs", {"api": "responses", "mode": "stream", "baseURL": gw.base_url, "model": MODEL,
+                                        "session": session, "steps": STEPS, "tokens": TOKENS, "providerOptions": options})
+    assert got["results"] == list(range(1, STEPS + 1)) and got["loop"]["tool_errors"] == []
+    assert ANSWER in got["recall"]["text"] and got["recall"]["tool_calls"] == []
+    assert_compacted_upstream(upstream, PATHS["responses"])
+    bodies = conversation(upstream, PATHS["responses"])
+    assert all(body["store"] is store for body in bodies)
+    assert not [i for body in bodies for i in body["input"] if i.get("type") == "item_reference"]
+    assert sum(i.get("type") == "reasoning" for i in bodies[STEPS]["input"]) >= 1
+    await settle(gw)
+    ledger = gw.app[LEDGER]
+    records = [r for r in ledger.sessions() if r.session_id == session]
+    assert len(records) == 1 and len(ledger.heads(records[0].key)) == 1

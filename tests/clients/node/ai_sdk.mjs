@@ -36,6 +36,8 @@ const instructions = {
 };
 
 async function turn(messages, providerOptions) {
+  // cfg.providerOptions: the run's own (reasoning, store, include), under a turn's own.
+  providerOptions = { ...cfg.providerOptions, ...providerOptions };
   const options = { model, tools, instructions, messages, providerOptions, stopWhen: stepCountIs(cfg.steps + 4), maxRetries: 0 };
   if (cfg.mode === 'generate') {
     const result = await generateText(options);
@@ -71,7 +73,7 @@ history.push(...loop.messages, { role: 'user', content: QUESTION });
 const recall = await turn(history);
 const got = { loop: summary(loop), recall: summary(recall), results };
 if (cfg.previous) {  // Responses only: continue from the stored response instead of resending history
-  const next = await turn([{ role: 'user', content: QUESTION }], { openai: { previousResponseId: recall.id } });
+  const next = await turn([{ role: 'user', content: QUESTION }], { openai: { ...cfg.providerOptions?.openai, previousResponseId: recall.id } });
   got.previous = summary(next);
 }
 report(got);
