@@ -63,6 +63,6 @@ async def _recorded(ledger, session_key: str, parent: str | None, wanted: set[st
     found: dict[str, dict] = {}
     for event in await store_call(ledger.get_many, session_key, children):
         for item in wire_items(event.message, fmt.FORMAT) or ():
-            if item.get("id") in wanted and item.get("type") != "item_reference":
+            if isinstance(item.get("id"), str) and item["id"] in wanted and item.get("type") != "item_reference":
                 found[item["id"]] = item
     return found

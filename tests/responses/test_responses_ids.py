@@ -231,3 +231,26 @@ async def test_an_item_reference_to_a_recorded_answer_is_read_back_from_the_ledg
         _, headers = await create(bob, input=[*reference, {"role": "user", "content": "and then?"}])
         assert headers["x-palimpsest-dropped"] == "item_reference=1"
         assert first.output_text not in str(upstream.chat_requests()[-1]["json"])
+
+
+@pytest.mark.parametrize("api", ["responses", "chat"])
+async def test_item_references_the_ledger_cannot_read_back_are_never_a_500(start_gateway, upstream, api):
+    """References to nothing the session recorded, malformed ones, and a session whose ledger
+    holds earlier malformed references (ids that are lists or objects) at the same place: each
+    request is answered (a chat-only upstream drops what it cannot read) or refused with a 4xx
+    in OpenAI's envelope, JSON and streamed."""
+    gw = await start_gateway(models={"fake-32k": {"context_window": 32_000, "api": api}})
+    user = {"role": "user", "content": "hi"}
+    inputs = [[{"type": "item_reference", "id": "msg_0123456789abcdef01234567"}],
+              [{"type": "item_reference"}], [{"type": "item_reference", "id": 5}],
+              [user, {"type": "item_reference", "id": ["a"]}, {"type": "item_reference", "id": {"a": 1}}],
+              [user, {"type": "item_reference", "id": "msg_x"}, {"role": "user", "content": "more"}],
+              [user, {"type": "item_reference", "id": "msg_x"}, {"type": "function_call_output", "call_id": "c", "output": "x"}]]
+    async with aiohttp.ClientSession() as http:
+        for stream in (False, True):
+            for body in inputs:
+                async with http.post(f"{gw.base_url}/responses", headers={"X-Session-Id": "refs"},
+                                     json={"model": "fake-32k", "input": body, "stream": stream}) as r:
+                    assert r.status < 500, (stream, body, await r.text())
+                    if r.status >= 400:
+                        assert (await r.json())["error"]["message"]
