@@ -1,7 +1,8 @@
 """The Vercel AI SDK (npm ``ai`` with ``@ai-sdk/openai`` and ``@ai-sdk/anthropic``) through the
 gateway, on each API it speaks: ``openai(id)`` Responses (``store`` left at its default, so it
 sends earlier answers as ``item_reference`` items), ``openai.chat(id)`` Chat Completions,
-``anthropic(id)`` Messages (a cache_control breakpoint on the system prompt via providerOptions).
+``anthropic(id)`` Messages (hour-long cache_control breakpoints on the system prompt and the task
+via providerOptions).
 
 Each runs its own tool loop (``generateText`` / ``streamText`` with ``stopWhen: stepCountIs``)
 through a 12-step chain that overflows the 16k model, then asks back a fact only recall can
@@ -15,8 +16,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from multidict import CIMultiDict
 
 from gateway.keys import LEDGER
+from simulator.messages_rules import blocks, validate
 from tests.clients.node_run import (ANSWER, MODEL, PATHS, PLACEHOLDER, STEPS, TOKENS, assert_compacted_upstream,
                                     conversation, run_node)
 from tests.clients.rig import GATEWAY, session_id
@@ -46,6 +49,11 @@ async def test_ai_sdk_tool_loop_and_recall(start_gateway, upstream, api, mode):
         assert not [p for p in recall["stream_parts"] if p.startswith("tool")]
     assert_compacted_upstream(upstream, PATHS[api])
     bodies = conversation(upstream, PATHS[api])
+    if api == "messages":  # every view by Anthropic's rules (<= 4 breakpoints, TTL order); the client's hour kept
+        for r in upstream.received:
+            if r["path"] == "/v1/messages" and r.get("json") and not r["headers"].get("x-palimpsest-purpose"):
+                validate(r["json"], CIMultiDict(r["headers"]), upstream.state.secret)
+        assert all("1h" in [t for _, _, t in blocks(body)] for body in bodies)
     if api == "responses":  # the loop's answer, resent by reference (store=true), goes up as the item itself
         assert not [i for i in bodies[STEPS + 1]["input"] if i.get("type") == "item_reference"]
         assert json.dumps(loop["text"])[1:-1] in json.dumps(bodies[STEPS + 1]["input"])

@@ -32,7 +32,7 @@ const tools = {
 // Anthropic prompt caching the way AI SDK users ask for it: a breakpoint on the system prompt.
 const instructions = {
   role: 'system', content: 'You are a build agent. Run every step the tool output names.',
-  providerOptions: { anthropic: { cacheControl: { type: 'ephemeral' } } },
+  providerOptions: { anthropic: { cacheControl: { type: 'ephemeral', ttl: '1h' } } },
 };
 
 async function turn(messages, providerOptions) {
@@ -67,7 +67,11 @@ function summary(out) {
   };
 }
 
-const history = [{ role: 'user', content: `Run the build chain, one step at a time, until it says CHAIN COMPLETE. [[call ${TOOL_NAME} {"step": 1}]]` }];
+// ...and one on the task message, which the gateway's own breakpoints replace (at most 4 in all).
+const history = [{
+  role: 'user', content: `Run the build chain, one step at a time, until it says CHAIN COMPLETE. [[call ${TOOL_NAME} {"step": 1}]]`,
+  providerOptions: { anthropic: { cacheControl: { type: 'ephemeral', ttl: '1h' } } },
+}];
 const loop = await turn(history);
 history.push(...loop.messages, { role: 'user', content: QUESTION });
 const recall = await turn(history);
