@@ -9,14 +9,23 @@ carries (and counts, and compacts) the words the upstream would read, a chat-onl
 ledger path goes through the recorded answer instead of branching on a reference event. A
 reference the session's ledger does not hold there (the provider's own, from before the gateway)
 is left for the upstream to resolve.
+
+Such a client resends every earlier answer by reference on every request, so what was read back
+is remembered (``ItemReferences``, per process, bounded): an answer recorded under a message
+never changes, and a later request finds it with one existence check per request (the
+ledger's cache of known events) instead of two ledger reads per reference.
 """
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 from gateway.responses import adapter as fmt
 from policies.conversation import wire_items
 from store import call as store_call
 from store.canonical import event_id
+
+MEMO_ENTRIES = 8192  # (session, parent event, item id) -> item; about 1-2 KB each
 
 
 def _refs(message: dict) -> set[str]:
@@ -30,39 +39,81 @@ def referenced(chat) -> bool:
     return any(_refs(m) for m in chat.history)
 
 
-async def expand(chat, session_key: str, ids: list[str], ledger) -> bool:
-    """Each reference to an item of the answer recorded after the message before it, as that
-    item (its message parsed again); returns whether anything was replaced. `ids`: the
-    history's path ids as it came."""
-    out: list[dict] = []
-    parent: str | None = None
-    changed = False
-    for i, message in enumerate(chat.history):
-        wanted = _refs(message)
-        recorded = await _recorded(ledger, session_key, parent, wanted) if wanted else {}
-        if not recorded:
-            out.append(message)
-            parent = event_id(parent, message) if changed else ids[i]
-            continue
-        items = [recorded.get(item.get("id"), item) if item.get("type") == "item_reference" else item
-                 for item in wire_items(message, fmt.FORMAT)]
-        for rebuilt in fmt.to_neutral(items, hoist=False)[1]:
-            out.append(rebuilt)
-            parent = event_id(parent, rebuilt)
-        changed = True
-    if changed:
+class ItemReferences:
+    def __init__(self, ledger, entries: int = MEMO_ENTRIES) -> None:
+        self.ledger = ledger
+        self.entries = entries
+        self._memo: OrderedDict[tuple[str, str | None, str], dict] = OrderedDict()
+
+    async def expand(self, chat, session_key: str, ids: list[str]) -> bool:
+        """Each reference to an item of the answer recorded after the message before it, as that
+        item (its message parsed again); returns whether anything was replaced. `ids`: the
+        history's path ids as it came."""
+        out, remembered = await self._expanded(chat.history, session_key, ids, memo=True)
+        # What was remembered counts only while the ledger still holds the session (a deleted
+        # session's answers are not read back from memory): one existence check of a message
+        # an item was recorded under, not one per reference.
+        if remembered is not None and not await store_call(self.ledger.holds, session_key, remembered):
+            for key in [k for k in self._memo if k[0] == session_key]:
+                del self._memo[key]
+            out, _ = await self._expanded(chat.history, session_key, ids, memo=False)
+        if out is None:
+            return False
         chat.history = out
-    return changed
+        return True
 
+    async def _expanded(self, history: list[dict], session_key: str, ids: list[str], *,
+                        memo: bool) -> tuple[list[dict] | None, str | None]:
+        """(the history with its references read back, or None when none was; a message an item
+        came from memory under, or None)."""
+        out: list[dict] = []
+        parent: str | None = None
+        changed = False
+        remembered: str | None = None
+        for i, message in enumerate(history):
+            wanted = _refs(message)
+            recorded: dict[str, dict] = {}
+            if wanted and parent is not None:  # a reference first in the input follows nothing recorded
+                recorded = self._remembered(session_key, parent, wanted) if memo else {}
+                if recorded:
+                    remembered = remembered or parent
+                else:
+                    recorded = await self._read(session_key, parent, wanted)
+            if not recorded:
+                out.append(message)
+                parent = event_id(parent, message) if changed else ids[i]
+                continue
+            items = [recorded.get(item.get("id"), item) if item.get("type") == "item_reference" else item
+                     for item in wire_items(message, fmt.FORMAT)]
+            for rebuilt in fmt.to_neutral(items, hoist=False)[1]:
+                out.append(rebuilt)
+                parent = event_id(parent, rebuilt)
+            changed = True
+        return (out if changed else None), remembered
 
-async def _recorded(ledger, session_key: str, parent: str | None, wanted: set[str]) -> dict[str, dict]:
-    """The items named in `wanted` among the answers the ledger holds after `parent`."""
-    children = await store_call(ledger.children, session_key, parent)
-    if not children:
-        return {}
-    found: dict[str, dict] = {}
-    for event in await store_call(ledger.get_many, session_key, children):
-        for item in wire_items(event.message, fmt.FORMAT) or ():
-            if isinstance(item.get("id"), str) and item["id"] in wanted and item.get("type") != "item_reference":
-                found[item["id"]] = item
-    return found
+    def _remembered(self, session_key: str, parent: str, wanted: set[str]) -> dict[str, dict]:
+        found = {ref: item for ref in wanted if (item := self._memo.get((session_key, parent, ref))) is not None}
+        if len(found) < len(wanted):
+            return {}
+        for ref in wanted:
+            self._memo.move_to_end((session_key, parent, ref))
+        return found
+
+    async def _read(self, session_key: str, parent: str, wanted: set[str]) -> dict[str, dict]:
+        """The items named in `wanted` among the answers the ledger holds after `parent`."""
+        found: dict[str, dict] = {}
+        children = await store_call(self.ledger.children, session_key, parent)
+        if not children:
+            return found
+        for event in await store_call(self.ledger.get_many, session_key, children):
+            for item in wire_items(event.message, fmt.FORMAT) or ():
+                if isinstance(item.get("id"), str) and item["id"] in wanted and item.get("type") != "item_reference":
+                    found[item["id"]] = item
+                    self._remember((session_key, parent, item["id"]), item)
+        return found
+
+    def _remember(self, key: tuple[str, str | None, str], item: dict) -> None:
+        self._memo[key] = item
+        self._memo.move_to_end(key)
+        while len(self._memo) > self.entries:
+            self._memo.popitem(last=False)

@@ -36,6 +36,7 @@ class ResponsesRoutes:
         self.pipeline = pipeline  # POST /v1/responses's steps, with the Responses peer
         self.response_ids = response_ids
         self.compactor = compactor  # gateway/responses/compaction.py
+        self.references = references.ItemReferences(pipeline.ledger)  # item_reference read-back
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """``POST /v1/responses``."""
@@ -65,7 +66,7 @@ class ResponsesRoutes:
         if ref is None:
             ref = self.pipeline.identity.session(request, tenant, ids[0] if ids else None)
         # References to items of answers the gateway recorded, read back from the ledger.
-        expanded = references.referenced(chat) and await references.expand(chat, ref.key, ids, self.pipeline.ledger)
+        expanded = references.referenced(chat) and await self.references.expand(chat, ref.key, ids)
         if expanded:
             ids = path_ids(chat.history)
         # The history is not the client's input as it came: always rendered (a bypassed request

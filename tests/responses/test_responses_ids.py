@@ -254,3 +254,26 @@ async def test_item_references_the_ledger_cannot_read_back_are_never_a_500(start
                     assert r.status < 500, (stream, body, await r.text())
                     if r.status >= 400:
                         assert (await r.json())["error"]["message"]
+
+
+async def test_a_deleted_sessions_answers_are_not_read_back_for_a_reference(start_gateway, upstream):
+    """The read-back remembers what it read (a client resends every answer by reference on every
+    request), but not past the session's deletion: the same reference afterwards finds nothing
+    and, on a chat-only upstream, is dropped."""
+    gw = await start_gateway(models={"fake-32k": {"context_window": 32_000, "api": "chat"}}, tenants=TENANTS,
+                             server={"client_keys": "required", "admin_token": "adm"})
+    alice = client(gw, "pk-alice", session="gone")
+    first = await alice.responses.create(model="fake-32k", input="alice's plan: 7731")
+    body = [{"role": "user", "content": "alice's plan: 7731"}, {"type": "item_reference", "id": first.output[0].id},
+            {"role": "user", "content": "and then?"}]
+    for _ in range(2):  # read from the ledger, then from memory
+        raw = await alice.responses.with_raw_response.create(model="fake-32k", input=body)
+        assert "x-palimpsest-dropped" not in raw.headers
+        assert {"role": "assistant", "content": first.output_text} in upstream.chat_requests()[-1]["json"]["messages"]
+    key = next(s.key for s in gw.app[LEDGER].sessions() if s.session_id == "gone")
+    async with aiohttp.ClientSession() as http:
+        async with http.delete(f"{gw.root}/admin/sessions/{key}", headers={"Authorization": "Bearer adm"}) as r:
+            assert r.status == 200
+    raw = await alice.responses.with_raw_response.create(model="fake-32k", input=body)
+    assert raw.headers["x-palimpsest-dropped"] == "item_reference=1"
+    assert first.output_text not in str(upstream.chat_requests()[-1]["json"])
