@@ -26,17 +26,22 @@ function execute(name, args) {
 async function responses() {
   const client = new OpenAI({ baseURL: cfg.baseURL, apiKey: 'sk-client', defaultHeaders: headers, maxRetries: 0 });
   const tools = [{ type: 'function', name: TOOL_NAME, description: TOOL_DESCRIPTION, parameters: TOOL_PARAMETERS, strict: true }];
-  const input = [{ role: 'user', content: TASK }];
+  // cfg.chain: the docs' stored-conversation pattern (store true, previous_response_id, only the
+  // new items each request); otherwise the whole input every request, store false.
+  let input = [{ role: 'user', content: TASK }];
+  let previous;
   const texts = [];
   for (const question of [null, QUESTION]) {
     if (question) input.push({ role: 'user', content: question });
     for (;;) {
-      const stream = client.responses.stream({ model: cfg.model, instructions: SYSTEM, input, tools, store: false });
+      const stream = client.responses.stream({
+        model: cfg.model, instructions: SYSTEM, input, tools,
+        ...(cfg.chain ? { store: true, previous_response_id: previous } : { store: false }) });
       stream.on('event', (event) => events.add(event.type));
       const response = await stream.finalResponse();
       usage.input += response.usage.input_tokens;
       usage.output += response.usage.output_tokens;
-      input.push(...response.output);
+      if (cfg.chain) { input = []; previous = response.id; } else input.push(...response.output);
       const pending = response.output.filter((item) => item.type === 'function_call');
       for (const call of pending) {
         input.push({ type: 'function_call_output', call_id: call.call_id, output: execute(call.name, call.arguments) });
