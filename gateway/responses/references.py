@@ -11,7 +11,7 @@ reference the session's ledger does not hold there (the provider's own, from bef
 is left for the upstream to resolve.
 
 Such a client resends every earlier answer by reference on every request, so what was read back
-is remembered (``ItemReferences``, per process, bounded): an answer recorded under a message
+is remembered (``ItemReferences``, per process, within 32 MB): an answer recorded under a message
 never changes, and a later request finds it with one existence check per request (the
 ledger's cache of known events) instead of two ledger reads per reference.
 """
@@ -20,12 +20,14 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import orjson
+
 from gateway.responses import adapter as fmt
 from policies.conversation import wire_items
 from store import call as store_call
 from store.canonical import event_id
 
-MEMO_ENTRIES = 8192  # (session, parent event, item id) -> item; about 1-2 KB each
+MEMO_BYTES = 32 << 20  # (session, parent event, item id) -> item, bounded by the items' JSON size
 
 
 def _refs(message: dict) -> set[str]:
@@ -40,10 +42,12 @@ def referenced(chat) -> bool:
 
 
 class ItemReferences:
-    def __init__(self, ledger, entries: int = MEMO_ENTRIES) -> None:
+    def __init__(self, ledger, max_bytes: int = MEMO_BYTES) -> None:
         self.ledger = ledger
-        self.entries = entries
+        self.max_bytes = max_bytes
         self._memo: OrderedDict[tuple[str, str | None, str], dict] = OrderedDict()
+        self._sizes: dict[tuple[str, str | None, str], int] = {}
+        self._bytes = 0
 
     async def expand(self, chat, session_key: str, ids: list[str]) -> bool:
         """Each reference to an item of the answer recorded after the message before it, as that
@@ -55,7 +59,7 @@ class ItemReferences:
         # an item was recorded under, not one per reference.
         if remembered is not None and not await store_call(self.ledger.holds, session_key, remembered):
             for key in [k for k in self._memo if k[0] == session_key]:
-                del self._memo[key]
+                self._forget(key)
             out, _ = await self._expanded(chat.history, session_key, ids, memo=False)
         if out is None:
             return False
@@ -113,7 +117,16 @@ class ItemReferences:
         return found
 
     def _remember(self, key: tuple[str, str | None, str], item: dict) -> None:
-        self._memo[key] = item
-        self._memo.move_to_end(key)
-        while len(self._memo) > self.entries:
-            self._memo.popitem(last=False)
+        size = len(orjson.dumps(item))
+        if size > self.max_bytes // 16:
+            return  # one huge item would evict everything else: read it from the ledger each time
+        self._forget(key)
+        self._memo[key], self._sizes[key] = item, size
+        self._bytes += size
+        while self._bytes > self.max_bytes:
+            self._forget(next(iter(self._memo)))
+
+    def _forget(self, key: tuple[str, str | None, str]) -> None:
+        if key in self._memo:
+            del self._memo[key]
+            self._bytes -= self._sizes.pop(key)

@@ -277,3 +277,17 @@ async def test_a_deleted_sessions_answers_are_not_read_back_for_a_reference(star
     raw = await alice.responses.with_raw_response.create(model="fake-32k", input=body)
     assert raw.headers["x-palimpsest-dropped"] == "item_reference=1"
     assert first.output_text not in str(upstream.chat_requests()[-1]["json"])
+
+
+def test_the_read_back_memory_stays_within_its_bytes():
+    """Remembered items are bounded by their JSON size (oldest out first); an item over a
+    sixteenth of the bound is never remembered."""
+    from gateway.responses.references import ItemReferences
+
+    memo = ItemReferences(ledger=None, max_bytes=16_000)
+    for n in range(100):
+        memo._remember(("s", f"ev_{n}", f"msg_{n}"), {"type": "message", "id": f"msg_{n}", "content": "x" * 500})
+    assert memo._bytes <= 16_000 and memo._bytes == sum(memo._sizes.values())
+    assert ("s", "ev_99", "msg_99") in memo._memo and ("s", "ev_0", "msg_0") not in memo._memo
+    memo._remember(("s", "ev_big", "msg_big"), {"type": "message", "content": "x" * 2_000})
+    assert ("s", "ev_big", "msg_big") not in memo._memo
