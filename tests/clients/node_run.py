@@ -5,7 +5,7 @@ The packages are pinned in tests/support/cli-packages.txt and installed into ``.
 ``$PALIMPSEST_CLIENTS``) like the coding-agent CLIs (tests/support/clis.py). Node resolves a bare
 import from the script's own folder upwards, so each run copies the scripts into a temp folder
 beside a ``node_modules`` link to that install. Without node or the packages the test skips;
-under CI it fails. A run gets an empty environment but PATH, talks only to the loopback URL in its
+under CI it fails. A run gets only PATH and a temp HOME from the environment, talks only to the loopback URL in its
 configuration, and is killed at its timeout."""
 
 from __future__ import annotations
