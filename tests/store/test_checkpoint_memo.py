@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from store import open_stores
 from store.records import SessionRef
 
@@ -51,8 +53,12 @@ def test_a_session_deleted_elsewhere_does_not_bring_its_summary_back(tmp_path):
     assert [(cp.summary, cp.version) for cp in ours.list(REF.key)] == [("new summary", 1), ("next", 2)]
 
 
-def test_a_checkpoint_added_elsewhere_is_listed(tmp_path):
+@pytest.mark.parametrize("mapped", [True, False], ids=["wal-index header", "pragma only"])
+def test_a_checkpoint_added_elsewhere_is_listed(tmp_path, mapped):
     (ledger_a, ours), (_, theirs) = stores(tmp_path), stores(tmp_path)
+    assert ours._shm is not None  # noqa: SLF001 (the store's WAL-index header is mapped)
+    if not mapped:
+        ours._shm = None  # noqa: SLF001 (as without a -shm file: every look asks SQLite)
     boundary = ledger_a.sync(REF, HELLO).ids[-1]
     add(ours, boundary, "first")
     assert [cp.summary for cp in ours.list(REF.key)] == ["first"]
@@ -99,3 +105,49 @@ def test_a_list_read_before_a_drop_is_not_remembered(tmp_path):
     checkpoints._remember(REF.key, (), generation)  # noqa: SLF001
     assert REF.key not in checkpoints._memo  # noqa: SLF001
     assert [cp.summary for cp in checkpoints.list(REF.key)] == ["first"]
+
+
+def test_a_session_first_read_here_then_summarised_elsewhere_is_read_again(tmp_path):
+    """A miss reads the store without asking whether the memo holds; the next list (a hit)
+    asks, and finds the other process's commit."""
+    (ledger_a, ours), (_, theirs) = stores(tmp_path), stores(tmp_path)
+    other = SessionRef("t", "other")
+    ours.list(other.key), ours.list(other.key)  # a miss, then a hit: this thread's connection has looked
+    boundary = ledger_a.sync(REF, HELLO).ids[-1]
+    add(theirs, boundary, "first")
+    assert [cp.summary for cp in ours.list(REF.key)] == ["first"]  # a miss: read
+    add(theirs, boundary, "second")
+    assert [cp.summary for cp in ours.list(REF.key)] == ["first", "second"]  # a hit: the commit seen
+    reads = counting_reads(ours)
+    assert [cp.summary for cp in ours.list(REF.key)] == ["first", "second"] and reads == []
+
+
+class _Counting:
+    """The store's diskcache with each use of a thread's connection counted."""
+
+    def __init__(self, cache) -> None:
+        self.cache, self.uses = cache, 0
+
+    @property
+    def _con(self):
+        self.uses += 1
+        return self.cache._con  # noqa: SLF001
+
+    def __getattr__(self, name):
+        return getattr(self.cache, name)
+
+
+def test_a_memo_hit_with_nothing_committed_makes_no_sqlite_call(tmp_path):
+    """The WAL-index header unchanged says nobody committed: no pragma. Once it moved (another
+    connection's commit) the pragma runs, and the memo is read again."""
+    (ledger, ours), (_, theirs) = stores(tmp_path), stores(tmp_path)
+    boundary = ledger.sync(REF, HELLO).ids[-1]
+    add(ours, boundary, "first")
+    ours.list(REF.key)
+    ours._cache = counting = _Counting(ours._cache)  # noqa: SLF001
+    for _ in range(3):
+        assert [cp.summary for cp in ours.list(REF.key)] == ["first"]
+    assert counting.uses == 0
+    add(theirs, boundary, "second")
+    assert [cp.summary for cp in ours.list(REF.key)] == ["first", "second"]
+    assert counting.uses >= 1
