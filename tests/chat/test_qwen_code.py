@@ -16,7 +16,7 @@ import re
 
 import pytest
 
-from gateway.keys import METRICS
+from gateway.keys import LEDGER, METRICS
 from tests.chat.test_agent_loops import assert_valid_and_fits, forwarded
 from tests.support.chain import filler, first_prompt
 from tests.support.clis import run_qwen
@@ -42,8 +42,9 @@ def recorded_calls(home) -> list[str]:
 @pytest.mark.parametrize("session", ["header", "fingerprint"])
 async def test_qwen_code_completes_a_34_step_chain_on_a_32k_model_through_the_gateway(start_gateway, upstream, tmp_path,
                                                                                       session):
-    """``header``: Qwen Code's settings add X-Session-Id (customHeaders); ``fingerprint``: it sends
-    nothing that names a session and the gateway names it from key and first message."""
+    """``header``: Qwen Code's settings add X-Session-Id (customHeaders, README's recipe);
+    ``fingerprint``: it sends nothing that names a session and the gateway names it from the key
+    and the first message (``session.fallback``)."""
     gw = await start_gateway(session={"fallback": "fingerprint"} if session == "fingerprint" else {})
     named = "qwen-chain-1" if session == "header" else None
     run = await run_qwen(gw.base_url, first_prompt("qwen", STEPS), model="fake-32k", home=tmp_path,
@@ -79,6 +80,10 @@ async def test_qwen_code_completes_a_34_step_chain_on_a_32k_model_through_the_ga
     assert len(recall) >= 2  # the question, then the gateway's own answer to the model's search
     assert any(m.get("tool_calls") and "session_" in m["tool_calls"][0]["function"]["name"]
                for b in recall for m in b["messages"])
+    # One session in the ledger, named by the header (from $PALIMPSEST_SESSION) or the fingerprint.
+    sessions = gw.app[LEDGER].sessions()
+    assert len(sessions) == 1 and sessions[0].requests == STEPS + 2  # the chain, the question
+    assert sessions[0].session_id == named if named else sessions[0].session_id.startswith("fp:")
     calls = recorded_calls(tmp_path)
     assert calls.count("run_shell_command") >= STEPS  # the client's record of its own calls ...
     assert not [n for n in calls if n.startswith("session_")]  # ... has none of the recall calls

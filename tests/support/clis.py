@@ -96,10 +96,11 @@ async def _run(argv: list[str], env: dict[str, str], cwd: Path, timeout_s: float
     return code, out.decode(errors="replace"), err.decode(errors="replace")
 
 
-def qwen_settings(session: str | None) -> dict:
+def qwen_settings(session: bool) -> dict:
     """Qwen Code's ~/.qwen/settings.json (schema version 4, so it is not migrated): the OpenAI
     auth (key, URL and model come from OPENAI_*), no usage statistics or telemetry, no update
-    check, no background memory agents; `session` goes out as X-Session-Id on every request."""
+    check, no background memory agents; with `session`, X-Session-Id on every request from
+    $PALIMPSEST_SESSION (Qwen Code substitutes variables in its settings; README's recipe)."""
     settings: dict = {
         "$version": 4, "security": {"auth": {"selectedType": "openai"}},
         "privacy": {"usageStatisticsEnabled": False}, "telemetry": {"enabled": False},
@@ -109,8 +110,8 @@ def qwen_settings(session: str | None) -> dict:
         # unread bytes (seen on a loaded machine: "step 9 of 34" cut mid-line, no "next:" line).
         "tools": {"shell": {"enableInteractiveShell": False}},
         "memory": {"enableManagedAutoMemory": False, "enableManagedAutoDream": False, "enableAutoSkill": False}}
-    if session is not None:
-        settings["model"] = {"generationConfig": {"customHeaders": {"X-Session-Id": session}}}
+    if session:
+        settings["model"] = {"generationConfig": {"customHeaders": {"X-Session-Id": "$PALIMPSEST_SESSION"}}}
     return settings
 
 
@@ -174,10 +175,11 @@ async def run_qwen(base_url: str, prompt: str, *, model: str = "fake-128k", time
     binary = require_cli("qwen")
     home = _home(home, "qwen-home-")
     (home / ".qwen").mkdir(exist_ok=True)
-    (home / ".qwen" / "settings.json").write_text(json.dumps(qwen_settings(session)))
+    (home / ".qwen" / "settings.json").write_text(json.dumps(qwen_settings(session is not None)))
     work = home / "work"
     work.mkdir(exist_ok=True)
-    env = _env(home, {"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key, "OPENAI_MODEL": model})
+    env = _env(home, {"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key, "OPENAI_MODEL": model,
+                      **({"PALIMPSEST_SESSION": session} if session is not None else {})})
     argv = [binary, prompt, "--approval-mode", "yolo", *(["--continue"] if resume else [])]
     code, out, err = await _run(argv, env, work, timeout_s)
     return CliRun(code, out, err, home)
