@@ -96,11 +96,13 @@ async def _run(argv: list[str], env: dict[str, str], cwd: Path, timeout_s: float
     return code, out.decode(errors="replace"), err.decode(errors="replace")
 
 
-def qwen_settings(session: bool) -> dict:
+def qwen_settings(session: bool, compress: bool = True) -> dict:
     """Qwen Code's ~/.qwen/settings.json (schema version 4, so it is not migrated): the OpenAI
     auth (key, URL and model come from OPENAI_*), no usage statistics or telemetry, no update
     check, no background memory agents; with `session`, X-Session-Id on every request from
-    $PALIMPSEST_SESSION (Qwen Code substitutes variables in its settings; README's recipe)."""
+    $PALIMPSEST_SESSION (Qwen Code substitutes variables in its settings; README's recipe);
+    without `compress`, it never compresses its history itself (its client-side compaction, from
+    70% of the window it assumes)."""
     settings: dict = {
         "$version": 4, "security": {"auth": {"selectedType": "openai"}},
         "privacy": {"usageStatisticsEnabled": False}, "telemetry": {"enabled": False},
@@ -110,8 +112,13 @@ def qwen_settings(session: bool) -> dict:
         # unread bytes (seen on a loaded machine: "step 9 of 34" cut mid-line, no "next:" line).
         "tools": {"shell": {"enableInteractiveShell": False}},
         "memory": {"enableManagedAutoMemory": False, "enableManagedAutoDream": False, "enableAutoSkill": False}}
+    model: dict = {}
     if session:
-        settings["model"] = {"generationConfig": {"customHeaders": {"X-Session-Id": "$PALIMPSEST_SESSION"}}}
+        model["generationConfig"] = {"customHeaders": {"X-Session-Id": "$PALIMPSEST_SESSION"}}
+    if not compress:
+        model["chatCompression"] = {"contextPercentageThreshold": 0}
+    if model:
+        settings["model"] = model
     return settings
 
 
@@ -167,15 +174,15 @@ async def run_claude(base_url: str, prompt: str, *, model: str = "fake-128k",
 
 async def run_qwen(base_url: str, prompt: str, *, model: str = "fake-128k", timeout_s: float = 110.0,
                    api_key: str = "sk-sim-qwen", session: str | None = "qwen-session",
-                   home: Path | None = None, resume: bool = False) -> CliRun:
+                   home: Path | None = None, resume: bool = False, compress: bool = True) -> CliRun:
     """``qwen PROMPT --approval-mode yolo`` (one shot, every tool allowed) against `base_url`
     (ending in /v1) as an OpenAI-compatible Chat Completions provider; ``session``: the
     X-Session-Id its requests carry (None: none); ``resume``: go on with the last session run in
-    this `home` (``--continue``)."""
+    this `home` (``--continue``); ``compress``: see `qwen_settings`."""
     binary = require_cli("qwen")
     home = _home(home, "qwen-home-")
     (home / ".qwen").mkdir(exist_ok=True)
-    (home / ".qwen" / "settings.json").write_text(json.dumps(qwen_settings(session is not None)))
+    (home / ".qwen" / "settings.json").write_text(json.dumps(qwen_settings(session is not None, compress)))
     work = home / "work"
     work.mkdir(exist_ok=True)
     env = _env(home, {"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key, "OPENAI_MODEL": model,
