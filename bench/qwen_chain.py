@@ -27,6 +27,19 @@ from tests.support.chain import first_prompt
 from tests.support.clis import run_qwen
 
 
+def rerendered(views: list[dict]) -> int:
+    """Consecutive views whose summary block changed while its summary did not: the block
+    re-rendered (its exact values) with no new checkpoint, a prompt rewrite from the block on."""
+    def block(body: dict) -> str | None:
+        return next((str(m["content"]) for m in body["messages"] if str(m.get("content")).startswith("<session_summary>")), None)
+    count = 0
+    for a, b in zip(views, views[1:]):
+        x, y = block(a), block(b)
+        if x and y and x != y and x.split("Exact values")[0] == y.split("Exact values")[0]:
+            count += 1
+    return count
+
+
 async def leg(calls: int, *, gateway: bool, model: str, compress: bool = True) -> dict:
     run = await Run.start(gateway=gateway)
     try:
@@ -38,9 +51,11 @@ async def leg(calls: int, *, gateway: bool, model: str, compress: bool = True) -
         # What the strict simulator refuses: prompt + max_tokens over the model's window.
         refused = sum(1 for b in sent if count_prompt(b) + (b.get("max_tokens") or 0) > WINDOWS[model])
         done = any(f"CHAIN COMPLETE after {calls} steps" in str(m.get("content")) for m in sent[-1]["messages"][-3:])
+        views = [b for b, r in zip(sent, [r for r in run.puppet.app[RECEIVED] if r["path"].endswith("/chat/completions")
+                                          and r.get("json")]) if not r["headers"].get("x-palimpsest-purpose")]
         return {"completed": done and result.returncode == 0, "requests": len(run.upstream(views_only=True)),
                 "upstream": run.upstream(), "views": run.upstream(views_only=True), "refused": refused,
-                "wall": wall}
+                "wall": wall, "rerendered": rerendered(views)}
     finally:
         await run.close()
 
@@ -65,6 +80,7 @@ async def main(args) -> None:
             ratios.append(f"{tokens / ideal_tokens:.3f} / {cost / ideal_cost:.3f}")
         print("| upstream tokens / ideal, billed / ideal | " + " | ".join(ratios) + " |")
         print("| prefix stability | " + " | ".join(stability(x["views"]) for x in (direct, through, ideal)) + " |")
+        print(f"| summary block re-rendered, same summary | - | {through['rerendered']} | - |")
         print("| wall s | " + " | ".join(f"{x['wall']:.1f}" for x in (direct, through, ideal)) + " |")
 
 
