@@ -6,7 +6,8 @@ and tools take ~16.6k tokens and it asks for 8,000 out. Through the gateway the 
 one upstream request per model turn (none refused), each a paired conversation inside the
 window, old results as placeholders, summary jobs on the side. Then, in the same session
 (``qwen --continue``), a question about a result long gone from the view is answered by the
-gateway's recall tools, which the client never sees. The binary comes from .ci/run
+gateway's recall tools, which the client never sees. Without a session header it is passed
+through untouched and runs out of room as it does direct. The binary comes from .ci/run
 (tests/support/clis.py): without it the test skips, under CI it fails.
 """
 
@@ -17,6 +18,7 @@ import re
 import pytest
 
 from gateway.keys import LEDGER, METRICS
+from simulator.counting import count_prompt
 from tests.chat.test_agent_loops import assert_valid_and_fits, forwarded
 from tests.support.chain import filler, first_prompt
 from tests.support.clis import run_qwen
@@ -87,3 +89,18 @@ async def test_qwen_code_completes_a_34_step_chain_on_a_32k_model_through_the_ga
     calls = recorded_calls(tmp_path)
     assert calls.count("run_shell_command") >= STEPS  # the client's record of its own calls ...
     assert not [n for n in calls if n.startswith("session_")]  # ... has none of the recall calls
+
+
+async def test_without_a_session_header_qwen_code_passes_through_and_runs_out_of_room(start_gateway, upstream, tmp_path):
+    """What README warns of: Qwen Code names no session, so without X-Session-Id in its settings
+    (and ``session.fallback`` off, the default) the gateway records nothing and forwards its
+    requests as they came: the upstream refuses one for the window, as it does direct."""
+    gw = await start_gateway()
+    run = await run_qwen(gw.base_url, first_prompt("qwen", STEPS), model="fake-32k", home=tmp_path,
+                         session=None, timeout_s=60)
+    assert gw.app[LEDGER].sessions() == []
+    bodies = forwarded(upstream)
+    assert not any(PLACEHOLDER in str(b["messages"]) for b in bodies)
+    assert any(count_prompt(b) + b["max_tokens"] > WINDOW for b in bodies)  # refused: over the window
+    assert not any(f"CHAIN COMPLETE after {STEPS} steps" in str(b["messages"]) for b in bodies)
+    assert "CHAIN COMPLETE" not in run.stdout
