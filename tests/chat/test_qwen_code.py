@@ -1,6 +1,6 @@
 """Qwen Code (the real binary, ``qwen PROMPT``) through the gateway on a 32k model: Chat Completions.
 
-Straight against the strict simulator Qwen Code is refused for the window three steps into the
+Straight against the strict simulator Qwen Code is refused for the window a few steps into the
 34-step shell chain and never finishes it (tests/simulator/test_cli_chains.py): its system prompt
 and tools take ~16.6k tokens and it asks for 8,000 out. Through the gateway the chain completes:
 one upstream request per model turn (none refused), each a paired conversation inside the

@@ -20,6 +20,7 @@ What each needs of a server (recorded from the real clients, tests/fixtures/wire
   "maximum context length" makes it compress the history with the model (its state snapshot),
   then go on from that. Without ``privacy.usageStatisticsEnabled = false`` it resolves its
   telemetry host at start (strace shows DNS queries); with it, it connects to loopback only.
+  Pinned at 0.15.10: the newest release whose engines accept Node 20 (later ones need Node 22).
 """
 
 from __future__ import annotations
