@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import time
 
+from bench import prefix_breaks
 from bench.common import machine_note, quiet_logs
 from bench.responses import BIG, SMALL, WINDOWS, Run, billed, stability
 from simulator.counting import count_prompt
@@ -82,6 +83,7 @@ async def main(args) -> None:
         print("| prefix stability | " + " | ".join(stability(x["views"]) for x in (direct, through, ideal)) + " |")
         print(f"| summary block re-rendered, same summary | - | {through['rerendered']} | - |")
         print("| wall s | " + " | ".join(f"{x['wall']:.1f}" for x in (direct, through, ideal)) + " |")
+        print(prefix_breaks.render("gateway", prefix_breaks.decompose(through["views"]), ideal_cost))
 
 
 if __name__ == "__main__":
