@@ -10,7 +10,8 @@ consecutive view pairs (A, B) of shared(A, B) / |B|. This splits each pair's los
   compaction event: a result that A held raw is a placeholder in B, or the summary block
   changed (a checkpoint adopted).
 - ``churn``: the rest, when the first difference is anything else (a placeholder's text
-  changed, the tools or instructions changed, a gateway block re-rendered, an item dropped...):
+  changed, the tools or instructions changed, a gateway block re-rendered (the summary block
+  with the same summary and other exact values too), an item dropped...):
   a change of the prefix that no planned event explains.
 - ``recall``: pairs where A or B is a recall round (the recall loop's own upstream calls).
 
@@ -80,6 +81,12 @@ def describe(key: bytes) -> tuple[str, str]:
     return f"{kind}:{role}" if role else kind, f"{kind}:{role}"
 
 
+def _prose(key: bytes) -> str:
+    """A summary block's text before its exact values: what only a new checkpoint changes."""
+    at = key.find(b"{")
+    return _text(orjson.loads(key[at:])).split("Exact values from the earlier conversation")[0]
+
+
 def _recall_tools_added(a: bytes, b: bytes) -> bool:
     """Did the head change only by the recall tools joining it (offered with the first event)?"""
     return b"session_search" in b and b"session_search" not in a
@@ -115,6 +122,8 @@ def classify(a: list[tuple[bytes, int]], b: list[tuple[bytes, int]], *, recall: 
             kind = "recall"
         elif ia == ib and ka == "result" and kb == "placeholder":
             kind = "event"
+        elif ka == kb == "summary" and _prose(a[i][0]) == _prose(b[i][0]):
+            kind, tag = "churn", "summary block re-rendered"  # its exact values changed, its summary did not
         elif kb == "summary" and (ka != "summary" or a[i][0] != b[i][0]):
             kind = "event"  # a checkpoint adopted (its block new or changed)
         elif kb == "head" and _recall_tools_added(a[i][0], b[i][0]):

@@ -229,10 +229,9 @@ def project(req: ViewRequest, found: CheckpointInput | None, frontier: int, *, s
     load_tool = names[1] if names else "session_load"
     summary = found.summary if found else None
     state = found.state if found else {}
-    if state_only:
-        # Its exact values ride along, so they survive the tailoring that follows.
-        end = choose_boundary(tail, counter, policy.for_budget(req.budget), keys=tail_ids) or 0
-        state = merge_state(state, extract_exact_values(tail[:end]))
+    if state_only:  # the exact values of what the summary job would cover (summarizer._bounds), not the task's
+        end = choose_boundary(history[start:], counter, policy.for_budget(req.budget), keys=ids[start:]) or 0
+        state = merge_state(state, extract_exact_values(history[start:start + end]))
     pinned = block = None
     if found or state_only:
         # Once a summary hides part of the path, the user's standing instructions ride verbatim

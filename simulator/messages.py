@@ -133,7 +133,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     if prompt_tokens > window:
         raise bad(f"prompt is too long: {prompt_tokens} tokens > {window} maximum")
     fresh, creation, read, hour = cache_usage(state, body["model"], keyed)
-    delay = state.latency_s + marks.get("sleep", 0.0)
+    delay = state.delay(request, marks)
     if delay:
         await asyncio.sleep(delay)
     answer = decide({"messages": chat, "tools": _tools(body)}, summary)

@@ -12,7 +12,7 @@ Its next move is written in the last message (docs/architecture.md, "The simulat
     [[parallel A B]]        call tools A and B in one answer
     RECALL: question        session_search(question) → session_load(top hit) → "ANSWER: ..."
     [[fail STATUS]]         answer with that HTTP status and an OpenAI error envelope
-    [[sleep SECONDS]]       wait before answering (timeouts)
+    [[sleep SECONDS]]       wait before answering (timeouts; PuppetState.hangs: one-shot, for the next answers)
     [[stall SECONDS]]       streaming: send the first chunk, then wait (disconnects)
     [[die N]]               streaming: send N events, then reset the connection
     anything else           "ok: <first 40 chars of the last user message>"
@@ -90,7 +90,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     prompt_tokens = count_prompt(body)
     check_window(body, prompt_tokens, state.window(model))
     cached = min(state.prompt_cache.serve(model, body), prompt_tokens)
-    delay = state.latency_s + marks.get("sleep", 0.0)
+    delay = state.delay(request, marks)
     if delay:
         await asyncio.sleep(delay)
     summary = request.headers.get("x-palimpsest-purpose", "").lower() == "summary"

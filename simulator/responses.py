@@ -101,7 +101,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     if prompt_tokens + limit > window:
         raise window_error(prompt_tokens, window, limit)
     cached = min(cached_prefix(state, f"responses:{model}", keyed), prompt_tokens)
-    delay = state.latency_s + marks.get("sleep", 0.0)
+    delay = state.delay(request, marks)
     if delay:
         await asyncio.sleep(delay)
     if items and item_type(items[-1]) == "compaction_trigger":

@@ -32,6 +32,9 @@ class PuppetState:
     # after n events; ("stall", 0) lets one answer through untouched. One-shot, so a client can
     # retry the very request that failed.
     stream_faults: list[tuple[str, float]] = field(default_factory=list)
+    # Seconds the next answers (not summary calls), JSON or streamed, wait before their headers,
+    # first in first out: an upstream that accepted the request and stays silent. One-shot too.
+    hangs: list[float] = field(default_factory=list)
     # Pause between streamed chunks, to make streams observable in flight.
     chunk_delay_s: float = 0.0
     # Keep at most this many entries in RECEIVED (None: all); benchmarks bound it.
@@ -71,6 +74,13 @@ class PuppetState:
         self.counter += 1
         return self.counter
 
+    def delay(self, request: web.Request, marks: dict[str, float]) -> float:
+        """Seconds to wait before answering: the latency knob, ``[[sleep S]]`` and the next hang."""
+        hang = 0.0
+        if self.hangs and request.headers.get("x-palimpsest-purpose", "").lower() != "summary":
+            hang = self.hangs.pop(0)
+        return self.latency_s + marks.get("sleep", 0.0) + hang
+
     def window(self, model: str) -> int:
         return window_for(model, self.windows, self.default_window)
 
@@ -98,7 +108,7 @@ async def record(request: web.Request, body: bytes, parsed: Any) -> None:
     received = request.app[RECEIVED]
     received.append({"method": request.method, "path": request.path,
                      "headers": {k.lower(): v for k, v in request.headers.items()},
-                     "json": parsed, "body": body})
+                     "json": parsed, "body": body, "at": time.perf_counter()})
     keep = request.app[PUPPET_STATE].keep_received
     if keep is not None and len(received) > keep:
         del received[: len(received) - keep]

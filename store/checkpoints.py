@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import mmap
 import shutil
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import asdict
@@ -35,6 +37,9 @@ MEMO_SESSIONS = 256  # sessions whose checkpoints stay decoded in memory (LRU); 
 # pages = 32 MB of cache and a 64 MB mmap per connection) would multiply with the threads.
 SQLITE_CACHE_PAGES = 1024  # 4 MB of page cache per connection
 SQLITE_MMAP_BYTES = 16 * 2**20
+# The first copy of the WAL-index header at the start of the ``-shm`` file (sqlite.org/walformat.html,
+# a format every process on the database shares): every commit, by any connection, rewrites it.
+WAL_INDEX_HEADER = 48
 
 
 DIRECTORY = "checkpoints-json"
@@ -69,6 +74,16 @@ def _count(session_key: str) -> tuple:
     return ("cps", session_key)  # how many checkpoints the session has, versions 1..n
 
 
+def _wal_index(path: Path) -> mmap.mmap | None:
+    """The store's WAL-index header, mapped read-only (None without one: every look asks SQLite).
+    The file lives while a connection of this process keeps the database open, as the cache's does."""
+    try:
+        with open(path, "rb") as f:
+            return mmap.mmap(f.fileno(), WAL_INDEX_HEADER, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return None
+
+
 class DiskCheckpoints:
     """diskcache-backed checkpoints with an in-memory copy per session (read on every request).
 
@@ -77,9 +92,11 @@ class DiskCheckpoints:
     Keys and values are JSON; the pickle store of earlier versions (either of its layouts) is
     converted when the store opens.
 
-    The memo is only valid while this process is the store's one writer: that is the embedded
-    deployment. Replicas share checkpoints through `store.postgres_checkpoints.PostgresCheckpoints`,
-    which reads the table on every call instead."""
+    Several processes may share the directory (the embedded deployment's CLI, a second gateway):
+    the memo is dropped whenever another connection has committed to the store since this
+    thread's connection last looked (`_fresh`, on a memo hit and in `add`), so a session deleted,
+    recreated or summarised elsewhere is read afresh. Replicas share checkpoints through
+    `store.postgres_checkpoints.PostgresCheckpoints`, which reads the table on every call instead."""
 
     blocking = False
 
@@ -96,6 +113,10 @@ class DiskCheckpoints:
             sqlite_cache_size=SQLITE_CACHE_PAGES, sqlite_mmap_size=SQLITE_MMAP_BYTES,
         )
         self._memo: OrderedDict[str, tuple[Checkpoint, ...]] = OrderedDict()
+        self._memo_lock = threading.Lock()  # the loop and worker threads share the memo
+        self._generation = 0  # moves at each drop: a load begun before it is not remembered
+        self._looked = threading.local()  # this thread's connection and its data_version when it last looked
+        self._header, self._shm = None, _wal_index(Path(self._cache.directory) / "cache.db-shm")
         self._convert(root / "checkpoints")
 
     def _convert(self, old: Path) -> None:
@@ -120,6 +141,9 @@ class DiskCheckpoints:
             covered_events: int, model: str, mode: str, previous: str | None, summary_tokens: int,
             meta: dict | None = None) -> Checkpoint:
         with self._cache.transact():
+            # Under the write lock: no other connection commits between this look and the
+            # count, so a memo that survives it holds exactly the store's checkpoints.
+            generation = self._fresh()
             count = (self._get(_count(session_key)) or 0)
             version = count + 1
             cid = "cp_" + hashlib.blake2b(f"{session_key}|{boundary}|{version}".encode(), digest_size=8).hexdigest()
@@ -129,15 +153,42 @@ class DiskCheckpoints:
             self._cache.set(_count(session_key), version)
             memo = self._memo.get(session_key)
             stored = memo + (cp,) if memo is not None and len(memo) == count else None
-        self._remember(session_key, stored if stored is not None else self._load(session_key))
+        if stored is None:
+            generation, stored = self._generation, self._load(session_key)
+        self._remember(session_key, stored, generation)
         return cp
 
-    def _remember(self, session_key: str, found: tuple[Checkpoint, ...]) -> tuple[Checkpoint, ...]:
+    def _fresh(self) -> int:
+        """Drop the memo if another connection (another process on the directory, or another
+        thread of this one) committed to the store since this thread's connection last looked;
+        the memo's generation after the look. The WAL-index header unchanged since the last look
+        means nobody committed: a read of shared memory, no system call. Else SQLite's
+        ``PRAGMA data_version`` on this thread's connection tells (~30 µs in the gateway, its
+        locks' system calls): a connection's own commits leave it as it was, so this process's
+        adds and leases on the event loop's connection keep the memo. A torn read of the header
+        (a commit writing it) only differs: the pragma decides then."""
+        header = self._shm[:WAL_INDEX_HEADER] if self._shm is not None else None
+        if header is not None and header == self._header:
+            return self._generation
+        con = self._cache._con  # noqa: SLF001 (diskcache's connection of this thread)
+        (version,) = con.execute("PRAGMA data_version").fetchone()
+        looked = self._looked
+        if getattr(looked, "con", None) is not con or looked.version != version:
+            with self._memo_lock:
+                self._memo.clear()
+                self._generation += 1
+            looked.con, looked.version = con, version
+        self._header = header  # read before the pragma: a commit between them is looked at again
+        return self._generation
+
+    def _remember(self, session_key: str, found: tuple[Checkpoint, ...], generation: int) -> tuple[Checkpoint, ...]:
         # Bounded (least recently used out): a memo of every session ever seen would grow forever.
-        self._memo[session_key] = found
-        self._memo.move_to_end(session_key)
-        while len(self._memo) > MEMO_SESSIONS:
-            self._memo.popitem(last=False)
+        with self._memo_lock:
+            if generation == self._generation:  # else read before a drop: maybe stale, not kept
+                self._memo[session_key] = found
+                self._memo.move_to_end(session_key)
+                while len(self._memo) > MEMO_SESSIONS:
+                    self._memo.popitem(last=False)
         return found
 
     def _load(self, session_key: str) -> tuple[Checkpoint, ...]:
@@ -158,11 +209,15 @@ class DiskCheckpoints:
             return None
 
     def list(self, session_key: str) -> list[Checkpoint]:
+        # Only a memo hit asks whether the memo still holds (a miss reads the store anyway:
+        # every new session's first request goes without the look).
         found = self._memo.get(session_key)
+        generation = self._fresh() if found is not None else self._generation
+        if found is not None:
+            found = self._memo.get(session_key)
         if found is None:
             found = self._load(session_key) if self._has_session is None or self._has_session(session_key) else ()
-        found = self._remember(session_key, found)
-        return list(found)
+        return list(self._remember(session_key, found, generation))
 
     def newest_on_path(self, session_key: str, positions: dict[str, int]) -> tuple[Checkpoint, int] | None:
         return newest_on_path(self.list(session_key), positions)
@@ -174,7 +229,8 @@ class DiskCheckpoints:
             for version in range(1, count + 1):
                 self._cache.delete(_row(session_key, version))
             self._cache.delete(_count(session_key))
-        self._memo.pop(session_key, None)
+        with self._memo_lock:
+            self._memo.pop(session_key, None)
         return count
 
     # -- leases: one summariser per session, even across processes sharing the directory ---
@@ -199,4 +255,6 @@ class DiskCheckpoints:
         return int(self._cache.volume())
 
     def close(self) -> None:
+        if self._shm is not None:
+            self._shm.close()
         self._cache.close()

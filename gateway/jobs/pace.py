@@ -68,7 +68,9 @@ def summary_due(turn, counter: TokenCounter, forks: bool) -> bool:
         growth=growth_on_path(chat.history, chat.ids, counter), requests=requests,
         summary_input=summary_input,
         summary_output=int(policy.summary_max_words * SUMMARY_TOKENS_PER_WORD),
-        target_tokens=int(policy.view_target_ratio * view.budget),
+        # The size the view's plan settles an event at (the cost model's, per round), as the
+        # planner chose it for this view; a view it did not plan (untouched) at the profile's.
+        target_tokens=int(view.settle_tokens or policy.view_target_ratio * view.budget),
         # A fork re-reads the view just sent: the part the provider's cache rule serves (its
         # minimum prefix and step) at the read rate.
         cached_share=cacheable(summary_input, rates) / summary_input if forks and summary_input else 0.0,

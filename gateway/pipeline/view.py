@@ -36,6 +36,7 @@ class View:
     summary: str | None = None  # the checkpoint's summary, and its entities: session_search expands with them
     entities: tuple[str, ...] = ()
     plan: tuple | None = None  # (ViewRequest, Projection) before the fit: proactive recall fits it again
+    settle_tokens: float | None = None  # the size the plan's events settle the view at (Projection.settle_tokens)
 
     def body(self, chat: ChatRequest) -> bytes:
         if self.messages is None:

@@ -159,7 +159,7 @@ class ViewBuilder:
             # The previous request went as the client sent it, so every event of this plan (an
             # early one may lie in a round that request had already) is new to the upstream here.
             projection.notes.new_from = 0
-        view.plan = (req, projection)
+        view.plan, view.settle_tokens = (req, projection), projection.settle_tokens
         fitted = self._fit(chat, req, projection)
         view.policy = planner.settling_policy(policy, fitted, budget)
         self._apply(chat, view, fitted)

@@ -96,3 +96,22 @@ async def test_views_settle_where_the_cost_model_chose(start_gateway, upstream, 
     # tokens here), not before; with the model's choice most events came well under it.
     assert min(replaced[1:]) > 0.95 * SHARE * 32_000
     assert sorted(model)[len(model) // 2] < 0.75 * min(replaced[1:])
+
+
+@pytest.mark.parametrize("drive", [_chat, _responses, _messages])
+async def test_the_summary_decision_prices_the_planned_settle_size(start_gateway, upstream, monkeypatch, drive):
+    """The background summary decision (gateway/jobs/pace.summary_due) prices the view an event
+    settles at with the size the view was planned with: the replaced choice, once the plan
+    makes it, never only the profile's ``view_target_ratio``."""
+    from gateway.jobs import pace
+
+    targets: list[int] = []
+    decide = pace.cost_summary_due
+    monkeypatch.setattr(pace, "cost_summary_due", lambda case, *a, **k: targets.append(case.target_tokens) or decide(case, *a, **k))
+    monkeypatch.setattr(cost, "settle_size", midway)
+    cost.settle_for.cache_clear()
+    gw = await start_gateway()
+    await drive(gw)
+    await settle(gw)
+    assert int(SHARE * 32_000) in targets
+    assert all(t == int(SHARE * 32_000) or t < 0.15 * 32_000 for t in targets)  # else the profile's floor (0.1)

@@ -213,3 +213,31 @@ def test_the_view_s_count_is_its_messages_count_with_placeholders_blocks_and_a_r
     with_block = fit(req, planned, Recalled(BLOCK, placement))
     assert with_block is not None and with_block.tailored is None
     assert with_block.raw_tokens == total(fresh, with_block, req)
+
+
+def test_a_state_only_view_lists_what_the_summary_job_would_cover_and_nothing_more(counter):
+    """A summary was due and not ready (``state_only``): the block carries the exact values of
+    the span the summary job would cover, the path after the checkpoint
+    (gateway/jobs/summarizer._bounds), not of the task message the view keeps from before the
+    checkpoint. Where the job would cover nothing, the view is the one without ``state_only``,
+    byte for byte: an agent's chain whose tail just fits the raw-tail cap once the task is left
+    out (Qwen Code's, issue 25) got the task's first round's values in its block on such a
+    request and lost them on the next, rewriting the prompt from the block on twice."""
+    from policies.rounds import choose_boundary
+    from tests.policies.conversations import assistant, payload, result
+
+    cap = Policy().for_budget(20_000).keep_recent_tokens
+    steps = [[assistant(None, [(f"c{i}", "run_shell_command", {"command": f"step {i}"})]),
+              result(f"c{i}", f"2030-01-0{i + 1} " + payload(cap // 10, seed=i))] for i in range(4)]
+    tail = [m for step in steps[1:] for m in step]
+    task_words = cap - counter.count_messages(tail) + 40  # the task tips the tail over the cap
+    history = [user("2031-02-03 run the chain " + payload(task_words, seed=9)), *steps[0], *tail]
+    req = request(counter, history, budget=20_000, checkpoints=[checkpoint(history, 2)])
+    policy, start = req.policy.for_budget(req.budget), 3
+    assert choose_boundary(history[start:], counter, policy) is None  # the job would cover nothing
+    assert choose_boundary([history[0], *history[start:]], counter, policy)  # with the task kept: a cut
+    planned = plan(req)
+    assert planned.found is req.checkpoints[0]
+    state_only = project(req, planned.found, planned.frontier, state_only=True)
+    assert state_only.messages == project(req, planned.found, planned.frontier).messages
+    assert "2031-02-03" not in str(state_only.messages[1]["content"])

@@ -1,8 +1,9 @@
 """Real coding-agent CLIs straight against the strict simulator: the problem the gateway solves.
 
-Codex CLI (``codex exec``) and Claude Code (``claude -p``) run a chain of 34 shell calls, each
-printing 1-4k tokens and the next directive (tests/support/chain.py). On a 128k model both
-finish it; on a 32k model both are refused for the window long before the end. The binaries
+Codex CLI (``codex exec``), Claude Code (``claude -p``) and Qwen Code (``qwen``, Chat
+Completions) run a chain of 34 shell calls, each printing 1-4k tokens and the next directive
+(tests/support/chain.py). On a 128k model each finishes it; on a 32k model each is refused for
+the window long before the end. The binaries
 come from .ci/run (tests/support/clis.py); without them these tests skip, under CI they fail.
 """
 
@@ -10,11 +11,12 @@ from __future__ import annotations
 
 import orjson
 
+from simulator.counting import count_prompt
 from simulator.messages_rules import blocks
 from simulator.puppet import PUPPET_STATE, RECEIVED
 from simulator.responses_input import check_context, count_context
 from tests.support.chain import first_prompt
-from tests.support.clis import run_claude, run_codex
+from tests.support.clis import run_claude, run_codex, run_qwen
 
 STEPS = 34
 
@@ -85,3 +87,37 @@ async def test_claude_code_is_refused_prompt_too_long_on_a_32k_model(puppet, tmp
     refused = [body for body in sent if sum(t for _, t, _ in blocks(body)) > 32_000]
     assert refused, "no request went over the window"
     assert max(len(claude_results(body)) for body in sent) < STEPS // 2
+
+
+def qwen_results(body: dict) -> list[str]:
+    return [str(message["content"]) for message in body["messages"] if message["role"] == "tool"]
+
+
+async def test_qwen_code_completes_the_chain_on_a_128k_model(puppet, tmp_path):
+    """Past ~92k tokens (70% of the 131,072 it assumes for a model it does not know) Qwen Code
+    has the model compress the older history once and keeps the newest steps verbatim, so the
+    chain goes on: one request per model turn, plus that one."""
+    app, base_url = puppet
+    run = await run_qwen(base_url, first_prompt("qwen", STEPS), model="fake-128k", home=tmp_path)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    sent = requests(app, "/v1/chat/completions")
+    snapshots = [body for body in sent if "<state_snapshot>" in str(body["messages"][-1]["content"])]
+    assert len(snapshots) <= 1 and len(sent) == STEPS + 1 + len(snapshots)
+    assert f"CHAIN COMPLETE after {STEPS} steps" in qwen_results(sent[-1])[-1]
+    assert "Tool run_shell_command returned" in run.stdout
+    for body in sent:
+        assert count_prompt(body) + body["max_tokens"] <= 128_000
+
+
+async def test_qwen_code_is_refused_for_the_window_on_a_32k_model(puppet, tmp_path):
+    """The simulator refuses the request that no longer fits next to its 8,000 output tokens;
+    Qwen Code then has the model compress its history (its state snapshot) and, from the
+    simulator's scripted snapshot, no longer knows the next step: the chain is never finished."""
+    app, base_url = puppet
+    run = await run_qwen(base_url, first_prompt("qwen", STEPS), model="fake-32k", home=tmp_path)
+    sent = requests(app, "/v1/chat/completions")
+    refused = [body for body in sent if count_prompt(body) + body["max_tokens"] > 32_000]
+    assert refused, "no request went over the window"
+    assert max(len(qwen_results(body)) for body in sent) < STEPS // 2
+    assert not any(f"CHAIN COMPLETE after {STEPS} steps" in str(body["messages"]) for body in sent)
+    assert "CHAIN COMPLETE" not in run.stdout

@@ -68,6 +68,18 @@ def test_recall_tools_joining_the_head_are_the_first_event_and_other_tool_change
     assert classify(chat_elements(a), chat_elements(other))["class"] == "churn"
 
 
+def test_a_summary_block_with_the_same_summary_and_other_values_is_churn_a_new_summary_an_event():
+    def block(summary: str, values: str) -> dict:
+        return {"role": "system", "content": f"<session_summary>\n\n{summary}\n\n"
+                f"Exact values from the earlier conversation (verbatim):\n- dates: {values}\n\n</session_summary>"}
+    a = body([BASE[0], block("Ran steps 1-4.", "2030-01-01"), BASE[1], call(5), result(5)])
+    rerendered = body([BASE[0], block("Ran steps 1-4.", "2030-01-01 | 2030-01-05"), BASE[1], call(5), result(5)])
+    pair = classify(chat_elements(a), chat_elements(rerendered))
+    assert pair["class"] == "churn" and pair["tag"] == "summary block re-rendered"
+    adopted = body([BASE[0], block("Ran steps 1-5.", "2030-01-01 | 2030-01-05"), BASE[1], call(6), result(6)])
+    assert classify(chat_elements(a), chat_elements(adopted))["class"] == "event"
+
+
 def test_recall_rounds_are_their_own_class():
     a = body([*BASE, call(1), result(1), {"role": "user", "content": "RECALL: a"}])
     b = body([*BASE, call(1), result(1), {"role": "user", "content": "RECALL: b"}])

@@ -24,6 +24,8 @@ def directive(client: str, step: int, total: int) -> str:
     command = f"python3 {SCRIPT} {client} {step} {total}"
     if client == "codex":
         return f"[[call exec_command {json.dumps({'cmd': command})}]]"
+    if client == "qwen":  # Qwen Code's shell tool
+        return f"[[call run_shell_command {json.dumps({'command': command, 'description': f'chain step {step}'})}]]"
     return f"[[call Bash {json.dumps({'command': command, 'description': f'chain step {step}'})}]]"
 
 

@@ -1,4 +1,5 @@
-"""Real coding-agent CLIs in tests: Codex CLI (``codex exec``) and Claude Code (``claude -p``).
+"""Real coding-agent CLIs in tests: Codex CLI (``codex exec``), Claude Code (``claude -p``) and
+Qwen Code (``qwen PROMPT``, the one that speaks Chat Completions).
 
 The binaries come from the npm packages pinned in tests/support/cli-packages.txt; ``.ci/run``
 installs them into ``.clients/`` at the repository root (by hand: ``npm install --prefix .clients
@@ -13,11 +14,19 @@ What each needs of a server (recorded from the real clients, tests/fixtures/wire
 - Claude Code: ``HEAD /`` (any answer), then streamed ``POST /v1/messages`` with
   ``thinking: {"type": "adaptive"}`` and mid-conversation ``system`` messages; a 400 "prompt is
   too long: N tokens > M maximum" is what makes it compact (or give up on a single exchange).
+- Qwen Code: streamed ``POST {base_url}/chat/completions`` (``stream_options.include_usage``,
+  ``max_tokens`` 8000, content as lists of text parts, a ~16k-token system prompt and tools). It
+  sends no session header of its own: its settings' ``customHeaders`` add ``X-Session-Id``. A 400
+  "maximum context length" makes it compress the history with the model (its state snapshot),
+  then go on from that. Without ``privacy.usageStatisticsEnabled = false`` it resolves its
+  telemetry host at start (strace shows DNS queries); with it, it connects to loopback only.
+  Pinned at 0.15.10: the newest release whose engines accept Node 20 (later ones need Node 22).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import tempfile
@@ -29,7 +38,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 _PINNED = (Path(__file__).with_name("cli-packages.txt")).read_text().split()
 PACKAGES = {"codex": next(p for p in _PINNED if p.startswith("@openai/codex@")),
-            "claude": next(p for p in _PINNED if p.startswith("@anthropic-ai/claude-code@"))}
+            "claude": next(p for p in _PINNED if p.startswith("@anthropic-ai/claude-code@")),
+            "qwen": next(p for p in _PINNED if p.startswith("@qwen-code/qwen-code@"))}
 CLIENTS_DIR = ROOT / ".clients"
 # Only what the CLIs need from the parent environment: no keys, proxies or client settings leak in.
 _KEEP_ENV = ("PATH", "LANG", "LC_ALL", "TERM", "TMPDIR", "TZ")
@@ -44,7 +54,7 @@ class CliRun:
 
 
 def find_cli(name: str) -> str | None:
-    """The path of `name` ("codex" or "claude"), or None when it is not installed."""
+    """The path of `name` ("codex", "claude" or "qwen"), or None when it is not installed."""
     folders = [CLIENTS_DIR]
     if os.environ.get("PALIMPSEST_CLIENTS"):
         folders.append(Path(os.environ["PALIMPSEST_CLIENTS"]))
@@ -85,6 +95,32 @@ async def _run(argv: list[str], env: dict[str, str], cwd: Path, timeout_s: float
         out, err = await process.communicate()
         code = None
     return code, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def qwen_settings(session: bool, compress: bool = True) -> dict:
+    """Qwen Code's ~/.qwen/settings.json (schema version 4, so it is not migrated): the OpenAI
+    auth (key, URL and model come from OPENAI_*), no usage statistics or telemetry, no update
+    check, no background memory agents; with `session`, X-Session-Id on every request from
+    $PALIMPSEST_SESSION (Qwen Code substitutes variables in its settings; README's recipe);
+    without `compress`, it never compresses its history itself (its client-side compaction, from
+    70% of the window it assumes)."""
+    settings: dict = {
+        "$version": 4, "security": {"auth": {"selectedType": "openai"}},
+        "privacy": {"usageStatisticsEnabled": False}, "telemetry": {"enabled": False},
+        "general": {"enableAutoUpdate": False},
+        # Commands run as plain child processes: through its pseudo-terminal Qwen Code 0.15.10
+        # loses the tail of a command's output when the command exits while the pty still holds
+        # unread bytes (seen on a loaded machine: "step 9 of 34" cut mid-line, no "next:" line).
+        "tools": {"shell": {"enableInteractiveShell": False}},
+        "memory": {"enableManagedAutoMemory": False, "enableManagedAutoDream": False, "enableAutoSkill": False}}
+    model: dict = {}
+    if session:
+        model["generationConfig"] = {"customHeaders": {"X-Session-Id": "$PALIMPSEST_SESSION"}}
+    if not compress:
+        model["chatCompression"] = {"contextPercentageThreshold": 0}
+    if model:
+        settings["model"] = model
+    return settings
 
 
 def codex_config(base_url: str, model: str) -> str:
@@ -133,5 +169,25 @@ async def run_claude(base_url: str, prompt: str, *, model: str = "fake-128k",
         "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1", **(extra_env or {})})
     argv = [binary, "-p", prompt, "--allowedTools", "Bash", "--model", model]
+    code, out, err = await _run(argv, env, work, timeout_s)
+    return CliRun(code, out, err, home)
+
+
+async def run_qwen(base_url: str, prompt: str, *, model: str = "fake-128k", timeout_s: float = 110.0,
+                   api_key: str = "sk-sim-qwen", session: str | None = "qwen-session",
+                   home: Path | None = None, resume: bool = False, compress: bool = True) -> CliRun:
+    """``qwen PROMPT --approval-mode yolo`` (one shot, every tool allowed) against `base_url`
+    (ending in /v1) as an OpenAI-compatible Chat Completions provider; ``session``: the
+    X-Session-Id its requests carry (None: none); ``resume``: go on with the last session run in
+    this `home` (``--continue``); ``compress``: see `qwen_settings`."""
+    binary = require_cli("qwen")
+    home = _home(home, "qwen-home-")
+    (home / ".qwen").mkdir(exist_ok=True)
+    (home / ".qwen" / "settings.json").write_text(json.dumps(qwen_settings(session is not None, compress)))
+    work = home / "work"
+    work.mkdir(exist_ok=True)
+    env = _env(home, {"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key, "OPENAI_MODEL": model,
+                      **({"PALIMPSEST_SESSION": session} if session is not None else {})})
+    argv = [binary, prompt, "--approval-mode", "yolo", *(["--continue"] if resume else [])]
     code, out, err = await _run(argv, env, work, timeout_s)
     return CliRun(code, out, err, home)
