@@ -233,12 +233,15 @@ def _check_reasoning(items: list[dict[str, Any]], i: int, secret: bytes,
     if payload is None or payload.get("k") != "reasoning" or payload.get("id") != rs_id:
         raise invalid(f"The encrypted content for item '{rs_id}' could not be verified.",
                       param="input", code="invalid_encrypted_content")
-    following = set()
+    following, unnamed = set(), 0
     for other in items[i + 1:]:  # the calls of the same answer: up to the next message
         if item_type(other) in ("message", "reasoning"):
             break
-        following.add(other.get("id"))
-    if not set(payload.get("binds") or ()) <= following:
+        if isinstance(other.get("id"), str):
+            following.add(other["id"])
+        elif item_type(other) in CALLS:
+            unnamed += 1  # a call resent without its item id (the Vercel AI SDK with store false)
+    if len(set(payload.get("binds") or ()) - following) > unnamed:
         raise invalid(f"Item '{rs_id}' of type 'reasoning' was provided without its required "
                       "following item.", param="input")
 

@@ -24,6 +24,7 @@ from gateway.http.errors import BadRequest
 from gateway.http.gate import tenant_of
 from gateway.keys import REQUEST_ID, UPSTREAM_KEY
 from gateway.pipeline.pipeline import Pipeline
+from gateway.responses import references
 from store import call as store_call
 from store.canonical import path_ids
 from store.interfaces import ResponseIdStore
@@ -35,6 +36,7 @@ class ResponsesRoutes:
         self.pipeline = pipeline  # POST /v1/responses's steps, with the Responses peer
         self.response_ids = response_ids
         self.compactor = compactor  # gateway/responses/compaction.py
+        self.references = references.ItemReferences(pipeline.ledger)  # item_reference read-back
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """``POST /v1/responses``."""
@@ -63,9 +65,13 @@ class ResponsesRoutes:
             ids = path_ids(chat.history)
         if ref is None:
             ref = self.pipeline.identity.session(request, tenant, ids[0] if ids else None)
+        # References to items of answers the gateway recorded, read back from the ledger.
+        expanded = references.referenced(chat) and await self.references.expand(chat, ref.key, ids)
+        if expanded:
+            ids = path_ids(chat.history)
         # The history is not the client's input as it came: always rendered (a bypassed request
         # goes as it came, previous_response_id and all: the provider holds that chain too).
-        rewritten = bool(prefix) and not bypass
+        rewritten = bool(prefix or expanded) and not bypass
         if self.compactor.ours(chat):  # a gateway compaction item is unreadable upstream, bypass or not
             rewritten = True
             ref = ref or await self._compacted_session(chat, tenant)

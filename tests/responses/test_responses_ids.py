@@ -190,3 +190,104 @@ async def test_deleting_a_session_forgets_the_response_ids_of_its_answers(start_
     assert not gw.app[RESPONSES].response_ids.taken(first.id)
     with pytest.raises(openai.BadRequestError):  # passed on: the provider (store false) has nothing either
         await alice.responses.create(model="fake-32k", previous_response_id=first.id, input="continue", store=False)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("api", ["responses", "chat"])
+async def test_an_item_reference_to_a_recorded_answer_is_read_back_from_the_ledger(start_gateway, upstream, api, stream):
+    """A client that stores responses (the Vercel AI SDK's default) resends an earlier answer as
+    an ``item_reference``. The gateway recorded that answer after the message before it, so the
+    upstream gets the item itself: on a chat-only upstream the assistant's words (not an empty
+    message, nothing named dropped), on a Responses upstream the message item with its id; the
+    ledger stays one branch. Another tenant's reference to it is not expanded from alice's
+    ledger: on a chat-only upstream it is dropped and alice's words never reach bob's view."""
+    gw = await start_gateway(models={"fake-32k": {"context_window": 32_000, "api": api}}, tenants=TENANTS,
+                             server={"client_keys": "required"})
+    alice, bob = client(gw, "pk-alice", session="a"), client(gw, "pk-bob", session="b")
+
+    async def create(sdk, **kw):
+        raw = await sdk.responses.with_raw_response.create(model="fake-32k", stream=stream, **kw)
+        if not stream:
+            return raw.parse(), raw.headers
+        done = [event.response async for event in raw.parse() if event.type == "response.completed"]
+        return done[0], raw.headers
+
+    first, _ = await create(alice, input="alice's plan: 7731")
+    message = next(item for item in first.output if item.type == "message")
+    reference = [{"role": "user", "content": "alice's plan: 7731"}, {"type": "item_reference", "id": message.id}]
+    follow, headers = await create(alice, input=[*reference, {"role": "user", "content": "and then?"}])
+    assert follow.output_text.startswith("ok:") and "x-palimpsest-dropped" not in headers
+    if api == "chat":
+        sent = upstream.chat_requests()[-1]["json"]["messages"]
+        assert {"role": "assistant", "content": first.output_text} in sent
+    else:
+        sent = responses_bodies(upstream)[-1]["input"]
+        assert [i["type"] for i in sent if i.get("id") == message.id] == ["message"]
+        assert first.output_text in str(sent)
+    ledger = gw.app[LEDGER]
+    key = next(s.key for s in ledger.sessions() if s.session_id == "a")
+    assert len(ledger.heads(key)) == 1  # the reference is the recorded answer's event, not a new branch
+    if api == "chat":
+        _, headers = await create(bob, input=[*reference, {"role": "user", "content": "and then?"}])
+        assert headers["x-palimpsest-dropped"] == "item_reference=1"
+        assert first.output_text not in str(upstream.chat_requests()[-1]["json"])
+
+
+@pytest.mark.parametrize("api", ["responses", "chat"])
+async def test_item_references_the_ledger_cannot_read_back_are_never_a_500(start_gateway, upstream, api):
+    """References to nothing the session recorded, malformed ones, and a session whose ledger
+    holds earlier malformed references (ids that are lists or objects) at the same place: each
+    request is answered (a chat-only upstream drops what it cannot read) or refused with a 4xx
+    in OpenAI's envelope, JSON and streamed."""
+    gw = await start_gateway(models={"fake-32k": {"context_window": 32_000, "api": api}})
+    user = {"role": "user", "content": "hi"}
+    inputs = [[{"type": "item_reference", "id": "msg_0123456789abcdef01234567"}],
+              [{"type": "item_reference"}], [{"type": "item_reference", "id": 5}],
+              [user, {"type": "item_reference", "id": ["a"]}, {"type": "item_reference", "id": {"a": 1}}],
+              [user, {"type": "item_reference", "id": "msg_x"}, {"role": "user", "content": "more"}],
+              [user, {"type": "item_reference", "id": "msg_x"}, {"type": "function_call_output", "call_id": "c", "output": "x"}]]
+    async with aiohttp.ClientSession() as http:
+        for stream in (False, True):
+            for body in inputs:
+                async with http.post(f"{gw.base_url}/responses", headers={"X-Session-Id": "refs"},
+                                     json={"model": "fake-32k", "input": body, "stream": stream}) as r:
+                    assert r.status < 500, (stream, body, await r.text())
+                    if r.status >= 400:
+                        assert (await r.json())["error"]["message"]
+
+
+async def test_a_deleted_sessions_answers_are_not_read_back_for_a_reference(start_gateway, upstream):
+    """The read-back remembers what it read (a client resends every answer by reference on every
+    request), but not past the session's deletion: the same reference afterwards finds nothing
+    and, on a chat-only upstream, is dropped."""
+    gw = await start_gateway(models={"fake-32k": {"context_window": 32_000, "api": "chat"}}, tenants=TENANTS,
+                             server={"client_keys": "required", "admin_token": "adm"})
+    alice = client(gw, "pk-alice", session="gone")
+    first = await alice.responses.create(model="fake-32k", input="alice's plan: 7731")
+    body = [{"role": "user", "content": "alice's plan: 7731"}, {"type": "item_reference", "id": first.output[0].id},
+            {"role": "user", "content": "and then?"}]
+    for _ in range(2):  # read from the ledger, then from memory
+        raw = await alice.responses.with_raw_response.create(model="fake-32k", input=body)
+        assert "x-palimpsest-dropped" not in raw.headers
+        assert {"role": "assistant", "content": first.output_text} in upstream.chat_requests()[-1]["json"]["messages"]
+    key = next(s.key for s in gw.app[LEDGER].sessions() if s.session_id == "gone")
+    async with aiohttp.ClientSession() as http:
+        async with http.delete(f"{gw.root}/admin/sessions/{key}", headers={"Authorization": "Bearer adm"}) as r:
+            assert r.status == 200
+    raw = await alice.responses.with_raw_response.create(model="fake-32k", input=body)
+    assert raw.headers["x-palimpsest-dropped"] == "item_reference=1"
+    assert first.output_text not in str(upstream.chat_requests()[-1]["json"])
+
+
+def test_the_read_back_memory_stays_within_its_bytes():
+    """Remembered items are bounded by their JSON size (oldest out first); an item over a
+    sixteenth of the bound is never remembered."""
+    from gateway.responses.references import ItemReferences
+
+    memo = ItemReferences(ledger=None, max_bytes=16_000)
+    for n in range(100):
+        memo._remember(("s", f"ev_{n}", f"msg_{n}"), {"type": "message", "id": f"msg_{n}", "content": "x" * 500})
+    assert memo._bytes <= 16_000 and memo._bytes == sum(memo._sizes.values())
+    assert ("s", "ev_99", "msg_99") in memo._memo and ("s", "ev_0", "msg_0") not in memo._memo
+    memo._remember(("s", "ev_big", "msg_big"), {"type": "message", "content": "x" * 2_000})
+    assert ("s", "ev_big", "msg_big") not in memo._memo

@@ -144,6 +144,23 @@ async def test_a_reasoning_item_without_its_call_is_refused(client):
         f"Item '{reasoning['id']}' of type 'reasoning' was provided without its required following item.")
 
 
+async def test_a_reasoning_item_followed_by_its_call_without_the_item_id_is_accepted(client):
+    """The Vercel AI SDK with ``store: false`` resends a call as ``{type, call_id, name,
+    arguments}``, without the item id: the reasoning item before it still has its following item.
+    Another answer's call (an id it does not bind) does not stand in for it."""
+    items, reasoning, call = await tool_round(client)
+    bare = {k: call[k] for k in ("type", "call_id", "name", "arguments")}
+    output = {"type": "function_call_output", "call_id": call["call_id"], "output": "ok"}
+    answer = await client.responses.create(model="fake-32k", input=[items[0], reasoning, bare, output],
+                                           tools=[READ], store=False, include=ENCRYPTED)
+    assert answer.status == "completed"
+    other = {**call, "id": "fc_other"}
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.responses.create(model="fake-32k", input=[items[0], reasoning, other, output],
+                                      tools=[READ], store=False, include=ENCRYPTED)
+    assert "without its required following item" in caught.value.body["message"]
+
+
 async def test_tampered_or_foreign_encrypted_content_is_refused(client):
     items, reasoning, call = await tool_round(client)
     output = {"type": "function_call_output", "call_id": call["call_id"], "output": "ok"}
