@@ -19,7 +19,7 @@ never pulls in SQLite, diskcache or LanceDB.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Iterable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Iterable, Protocol, Sequence, runtime_checkable
 
 if TYPE_CHECKING:
     from store.records import Checkpoint
@@ -244,8 +244,14 @@ class ResponseIdStore(Protocol):
         """The store's compaction-item secret (made by the first caller, the same for all)."""
         ...
 
-    def remember(self, tenant: str, response_id: str, session_key: str, event_id: str) -> None:
-        """`response_id` names the answer `event_id` of `session_key` for `tenant` only."""
+    def remember(self, tenant: str, response_id: str, session_key: str, event_id: str,
+                 items: Sequence[str] = ()) -> None:
+        """`response_id` names the answer `event_id` of `session_key` for `tenant` only, and
+        `items` (its output items' ids) are `tenant`'s."""
+        ...
+
+    def item_owners(self, item_ids: Sequence[str]) -> dict[str, frozenset[str]]:
+        """The tenants each of `item_ids` is recorded for (ids nobody recorded are absent)."""
         ...
 
     def find(self, tenant: str, response_id: str) -> RecordedResponse | None:

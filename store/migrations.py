@@ -152,7 +152,19 @@ CREATE TABLE IF NOT EXISTS secrets (
 );
 """
 
-PG_STEPS: list[tuple[int, str]] = [(1, _PG_V1), (2, _PG_V2)]
+# v3: the ids of recorded answers' output items per tenant (whose an item_reference is).
+_PG_V3 = """
+CREATE TABLE IF NOT EXISTS item_ids (
+    tenant      TEXT NOT NULL,
+    id          TEXT NOT NULL,
+    session_key TEXT NOT NULL,
+    PRIMARY KEY (tenant, id)
+);
+CREATE INDEX IF NOT EXISTS item_ids_by_session ON item_ids (session_key);
+CREATE INDEX IF NOT EXISTS item_ids_by_id ON item_ids (id);
+"""
+
+PG_STEPS: list[tuple[int, str]] = [(1, _PG_V1), (2, _PG_V2), (3, _PG_V3)]
 PG_VERSION = PG_STEPS[-1][0]
 _PG_MIGRATION_LOCK = 0x50A11  # advisory lock key: one replica migrates at a time
 

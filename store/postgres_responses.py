@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Sequence
 
 from psycopg_pool import ConnectionPool
 
 from store.postgres_pool import open_pool
-from store.response_ids import SECRET_NAME, RecordedResponse
+from store.response_ids import SECRET_NAME, RecordedResponse, owners_of
 
 
 class PostgresResponseIds:
@@ -33,12 +34,24 @@ class PostgresResponseIds:
             (value,) = conn.execute("SELECT value FROM secrets WHERE name = %s", (SECRET_NAME,)).fetchone()
         return bytes(value)
 
-    def remember(self, tenant: str, response_id: str, session_key: str, event_id: str) -> None:
-        with self._pool.connection() as conn:
+    def remember(self, tenant: str, response_id: str, session_key: str, event_id: str,
+                 items: Sequence[str] = ()) -> None:
+        with self._pool.connection() as conn, conn.transaction():
             conn.execute(
                 "INSERT INTO response_ids VALUES (%s, %s, %s, %s, %s, false) ON CONFLICT (tenant, id) DO UPDATE SET "
                 "session_key = EXCLUDED.session_key, event_id = EXCLUDED.event_id, created = EXCLUDED.created, deleted = false",
                 (tenant, response_id, session_key, event_id, time.time()))
+            if items:
+                conn.cursor().executemany(
+                    "INSERT INTO item_ids VALUES (%s, %s, %s) ON CONFLICT (tenant, id) DO UPDATE SET session_key = EXCLUDED.session_key",
+                    [(tenant, i, session_key) for i in items])
+
+    def item_owners(self, item_ids: Sequence[str]) -> dict[str, frozenset[str]]:
+        wanted = list(dict.fromkeys(item_ids))
+        if not wanted:
+            return {}
+        with self._pool.connection() as conn:
+            return owners_of(conn.execute("SELECT id, tenant FROM item_ids WHERE id = ANY(%s)", (wanted,)).fetchall())
 
     def find(self, tenant: str, response_id: str) -> RecordedResponse | None:
         with self._pool.connection() as conn:
@@ -58,6 +71,7 @@ class PostgresResponseIds:
 
     def delete_session(self, session_key: str) -> int:
         with self._pool.connection() as conn:
+            conn.execute("DELETE FROM item_ids WHERE session_key = %s", (session_key,))
             return conn.execute("DELETE FROM response_ids WHERE session_key = %s", (session_key,)).rowcount
 
     def close(self) -> None:

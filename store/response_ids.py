@@ -7,7 +7,9 @@ and a read or delete of that id is answered for that tenant only.
 
 Ids are kept per tenant: the key is (tenant, id), never the id alone. A provider may reuse an
 id (or a chat-only upstream give none to derive one from); one tenant's response then never
-takes over another's, each finds its own. The store also keeps the secret compaction items are
+takes over another's, each finds its own. The ids of each answer's output items are kept the same
+way, so an ``item_reference`` is known to be the requesting tenant's, another's, or nobody's
+(``item_owners``). The store also keeps the secret compaction items are
 sealed with (``secret``), made once.
 
 Embedded: a small SQLite file next to the ledger (``ResponseIds``). With ``store.url`` the same
@@ -21,10 +23,12 @@ import secrets
 import sqlite3
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 SECRET_NAME = "compaction"
+LOOKUP_CHUNK = 500  # item ids per lookup statement
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +46,11 @@ _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS response_ids_by_session ON response_ids (session_key)",
     "CREATE INDEX IF NOT EXISTS response_ids_by_id ON response_ids (id)",
     "CREATE TABLE IF NOT EXISTS secrets (name TEXT PRIMARY KEY, value BLOB NOT NULL)",
+    # The ids of a recorded answer's output items, per tenant: whose an ``item_reference`` is.
+    "CREATE TABLE IF NOT EXISTS item_ids (tenant TEXT NOT NULL, id TEXT NOT NULL, session_key TEXT NOT NULL, "
+    "PRIMARY KEY (tenant, id))",
+    "CREATE INDEX IF NOT EXISTS item_ids_by_session ON item_ids (session_key)",
+    "CREATE INDEX IF NOT EXISTS item_ids_by_id ON item_ids (id)",
 )
 # The first layout keyed rows by the provider's id alone ("responses"); its rows move over
 # with the tenant their session key names.
@@ -51,6 +60,14 @@ _MIGRATE = (
     "WHERE instr(session_key, '/') > 0",
     "DROP TABLE responses",
 )
+
+
+def owners_of(rows) -> dict[str, frozenset[str]]:
+    """(item id, tenant) rows as each id's tenants."""
+    owners: dict[str, set[str]] = {}
+    for item_id, tenant in rows:
+        owners.setdefault(item_id, set()).add(tenant)
+    return {item_id: frozenset(tenants) for item_id, tenants in owners.items()}
 
 
 class ResponseIds:
@@ -82,14 +99,24 @@ class ResponseIds:
             self._db.execute("INSERT OR IGNORE INTO secrets VALUES (?, ?)", (SECRET_NAME, secrets.token_bytes(32)))
             return self._db.execute("SELECT value FROM secrets WHERE name = ?", (SECRET_NAME,)).fetchone()[0]
 
-    def remember(self, tenant: str, response_id: str, session_key: str, event_id: str) -> None:
+    def remember(self, tenant: str, response_id: str, session_key: str, event_id: str,
+                 items: Sequence[str] = ()) -> None:
         """`response_id` names this answer for `tenant` (a newer answer of the same tenant under
-        the same id replaces it; another tenant's row is never touched)."""
+        the same id replaces it; another tenant's row is never touched), and `items`, the ids of
+        its output items, are `tenant`'s; in one transaction."""
         with self._lock:
-            self._db.execute(
-                "INSERT INTO response_ids VALUES (?, ?, ?, ?, ?, 0) ON CONFLICT (tenant, id) DO UPDATE SET "
-                "session_key = excluded.session_key, event_id = excluded.event_id, created = excluded.created, deleted = 0",
-                (tenant, response_id, session_key, event_id, time.time()))
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute(
+                    "INSERT INTO response_ids VALUES (?, ?, ?, ?, ?, 0) ON CONFLICT (tenant, id) DO UPDATE SET "
+                    "session_key = excluded.session_key, event_id = excluded.event_id, created = excluded.created, deleted = 0",
+                    (tenant, response_id, session_key, event_id, time.time()))
+                self._db.executemany("INSERT INTO item_ids VALUES (?, ?, ?) ON CONFLICT (tenant, id) DO UPDATE SET "
+                                     "session_key = excluded.session_key", [(tenant, i, session_key) for i in items])
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
 
     def find(self, tenant: str, response_id: str) -> RecordedResponse | None:
         with self._lock:
@@ -104,6 +131,17 @@ class ResponseIds:
             return self._db.execute("SELECT 1 FROM response_ids WHERE id = ? AND deleted = 0 LIMIT 1",
                                     (response_id,)).fetchone() is not None
 
+    def item_owners(self, item_ids: Sequence[str]) -> dict[str, frozenset[str]]:
+        """For each of `item_ids` some tenant's recorded answer had, the tenants it is recorded for."""
+        wanted = list(dict.fromkeys(item_ids))
+        rows: list[tuple[str, str]] = []
+        with self._lock:
+            for at in range(0, len(wanted), LOOKUP_CHUNK):  # within SQLite's bound on parameters
+                chunk = wanted[at:at + LOOKUP_CHUNK]
+                rows += self._db.execute(f"SELECT id, tenant FROM item_ids WHERE id IN ({','.join('?' * len(chunk))})",
+                                         chunk).fetchall()
+        return owners_of(rows)
+
     def forget(self, tenant: str, response_id: str) -> None:
         """A deleted response id is refused from then on (its events stay in the ledger)."""
         with self._lock:
@@ -111,6 +149,7 @@ class ResponseIds:
 
     def delete_session(self, session_key: str) -> int:
         with self._lock:
+            self._db.execute("DELETE FROM item_ids WHERE session_key = ?", (session_key,))
             return self._db.execute("DELETE FROM response_ids WHERE session_key = ?", (session_key,)).rowcount
 
     def close(self) -> None:

@@ -20,6 +20,7 @@ from gateway.responses.fork import summary_fork
 from gateway.responses.recall import ResponsesJsonTurn, ResponsesRecallStream
 from gateway.responses.request_form import skeleton
 from gateway.responses.stream import TERMINAL, answer_of, chat_usage, encode
+from policies.conversation import wire_items
 from store import call as store_call
 from store.canonical import event_id
 from store.interfaces import ResponseIdStore
@@ -73,12 +74,14 @@ class ResponsesPeer(FormatPeer):
         response_id = (turn.answer or {}).get("response_id")
         if not response_id or turn.answer is None:
             return
+        # Its output items' ids too: an item_reference to one is then known to be this tenant's.
+        items = [i["id"] for i in wire_items(turn.answer, fmt.FORMAT) or () if isinstance(i.get("id"), str)]
         try:
             if turn.ref is not None:
                 parent = turn.chat.ids[-1] if turn.chat.ids else None
                 await store_call(self.response_ids.remember, turn.ref.tenant, response_id, turn.ref.key,
-                                 turn.answer_id or event_id(parent, turn.answer))
+                                 turn.answer_id or event_id(parent, turn.answer), items)
             elif tenant:
-                await store_call(self.response_ids.remember, tenant, response_id, "", "")
+                await store_call(self.response_ids.remember, tenant, response_id, "", "", items)
         except Exception:
             self.metrics.store_write_errors.labels("response_id").inc()

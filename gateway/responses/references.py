@@ -8,7 +8,8 @@ carries (and counts, and compacts) the words the upstream would read, a chat-onl
 (``[models."x"] api = "chat"``), which cannot resolve a reference, gets them at all, and the
 ledger path goes through the recorded answer instead of branching on a reference event. A
 reference the session's ledger does not hold there (the provider's own, from before the gateway)
-is left for the upstream to resolve.
+is left for the upstream to resolve, if it is the tenant's to read (``routes.py``: one recorded
+for another tenant, or any unknown one on the operator's key, is refused as not found).
 
 Such a client resends every earlier answer by reference on every request, so what was read back
 is remembered (``ItemReferences``, per process, within 32 MB): an answer recorded under a message
@@ -39,6 +40,11 @@ def _refs(message: dict) -> set[str]:
 
 def referenced(chat) -> bool:
     return any(_refs(m) for m in chat.history)
+
+
+def unresolved(chat) -> list[str]:
+    """The ids of the references still in the history (left for the upstream to resolve)."""
+    return [ref for m in chat.history for ref in _refs(m)]
 
 
 class ItemReferences:

@@ -249,6 +249,14 @@ def test_response_ids_are_per_tenant_and_replicas_share_them_and_the_secret(kind
         two.forget("alice", "resp_1")
         assert one.find("alice", "resp_1") is None and one.find("bob", "resp_1") is not None
         assert one.delete_session("bob/s") == 1 and not two.taken("resp_1")
+        # The output items of recorded answers: whose an item_reference is, kept with the answer.
+        one.remember("alice", "resp_2", "alice/s", "ev_c", ["msg_1", "rs_1"])
+        two.remember("bob", "resp_3", "", "", ["msg_1"])
+        assert two.item_owners(["msg_1", "rs_1", "msg_2", "msg_1"]) == {
+            "msg_1": frozenset({"alice", "bob"}), "rs_1": frozenset({"alice"})}
+        assert one.item_owners([]) == {} and len(one.item_owners([f"m{n}" for n in range(1200)] + ["rs_1"])) == 1
+        two.delete_session("alice/s")
+        assert one.item_owners(["msg_1", "rs_1"]) == {"msg_1": frozenset({"bob"})}
     finally:
         one.close()
         two.close() if two is not one else None

@@ -291,3 +291,78 @@ def test_the_read_back_memory_stays_within_its_bytes():
     assert ("s", "ev_99", "msg_99") in memo._memo and ("s", "ev_0", "msg_0") not in memo._memo
     memo._remember(("s", "ev_big", "msg_big"), {"type": "message", "content": "x" * 2_000})
     assert ("s", "ev_big", "msg_big") not in memo._memo
+
+
+@pytest.mark.parametrize("api", ["responses", "chat"])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_item_reference_without_a_session_is_relayed_not_a_500(start_gateway, upstream, api, stream):
+    """A request no session is named for (no header, fingerprint fallback off) has no ledger to
+    read a reference back from: it goes on as it came (a chat-only upstream drops what it cannot
+    read), never a gateway error."""
+    gw = await start_gateway(models={"fake-32k": {"context_window": 32_000, "api": api}})
+    plain = client(gw, "sk-client", session=None)
+    first = await plain.responses.create(model="fake-32k", input="the plan: 7731")
+    body = [{"role": "user", "content": "the plan: 7731"}, {"type": "item_reference", "id": first.output[0].id},
+            {"role": "user", "content": "and then?"}]
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{gw.base_url}/responses", headers={"Authorization": "Bearer sk-client"},
+                             json={"model": "fake-32k", "input": body, "stream": stream}) as r:
+            assert r.status == 200, await r.text()
+    if api == "responses":  # the provider resolves its own stored item
+        assert {"type": "item_reference", "id": first.output[0].id} in responses_bodies(upstream)[-1]["input"]
+    else:
+        assert r.headers["x-palimpsest-dropped"] == "item_reference=1"
+
+
+async def test_on_the_operators_key_an_item_reference_must_be_the_tenants_own(start_gateway, upstream):
+    """Every tenant's stored items meet on the operator's provider account: a reference the
+    gateway cannot read back goes upstream only when the item is one this tenant's answers had
+    (recorded with the answer, with or without a session). Another tenant's item, or one nobody
+    recorded, is refused as the provider refuses an unknown item, and nothing goes upstream."""
+    gw = await start_gateway(**gateway_config("responses"), tenants=TENANTS, upstream={"api_key": "sk-operator"})
+    alice, bob = client(gw, "pk-alice", session=None), client(gw, "pk-bob", session=None)
+    first = await alice.responses.create(model="fake-32k", input="alice's secret plan: 7731")
+    item = first.output[0].id
+
+    def reference(to: str) -> list[dict]:
+        return [{"role": "user", "content": "what was the plan?"}, {"type": "item_reference", "id": to},
+                {"role": "user", "content": "repeat it"}]
+
+    sent = len(responses_bodies(upstream))
+    for stream in (False, True):
+        for guess in (item, "msg_nobody_recorded_this"):
+            with pytest.raises(openai.BadRequestError) as refused:
+                if stream:
+                    async with bob.responses.stream(model="fake-32k", input=reference(guess)) as events:
+                        await events.get_final_response()
+                else:
+                    await bob.responses.create(model="fake-32k", input=reference(guess))
+            assert refused.value.status_code == 400 and f"Item with id '{guess}' not found." in str(refused.value)
+            assert refused.value.body["param"] == "input"
+    assert len(responses_bodies(upstream)) == sent  # refused before anything went up
+    # Alice's own item goes up for the provider to resolve, without a session and from a session
+    # whose ledger does not hold it.
+    for session in (None, "another"):
+        own = await client(gw, "pk-alice", session=session).responses.create(model="fake-32k", input=reference(item))
+        assert own.output_text.startswith("ok:")
+        assert {"type": "item_reference", "id": item} in responses_bodies(upstream)[-1]["input"]
+
+
+async def test_on_the_clients_own_key_another_tenants_item_is_refused(start_gateway, upstream):
+    """With each tenant's own provider key, a reference to an item nobody recorded is the
+    provider's to answer; one recorded for another tenant is refused before it goes up."""
+    tenants = {"alice": {"key": "pk-alice", "upstream_key": "sk-alice"}, "bob": {"key": "pk-bob", "upstream_key": "sk-bob"}}
+    gw = await start_gateway(**gateway_config("responses"), tenants=tenants)
+    alice, bob = client(gw, "pk-alice", session="a"), client(gw, "pk-bob", session="b")
+    item = (await alice.responses.create(model="fake-32k", input="alice's plan")).output[0].id
+    body = [{"role": "user", "content": "hi"}, {"type": "item_reference", "id": item}, {"role": "user", "content": "go"}]
+    sent = len(responses_bodies(upstream))
+    with pytest.raises(openai.BadRequestError, match=f"Item with id '{item}' not found"):
+        await bob.responses.create(model="fake-32k", input=body)
+    assert len(responses_bodies(upstream)) == sent
+    unknown = [{"role": "user", "content": "hi"}, {"type": "item_reference", "id": "msg_before_the_gateway"},
+               {"role": "user", "content": "go"}]
+    with pytest.raises(openai.BadRequestError):  # the provider's own answer: it holds no such item
+        await bob.responses.create(model="fake-32k", input=unknown)
+    assert len(responses_bodies(upstream)) == sent + 1
+    assert responses_bodies(upstream)[-1]["input"][1] == {"type": "item_reference", "id": "msg_before_the_gateway"}
