@@ -11,6 +11,10 @@ ids' connections. ``outside the upstream wait`` is a turn's time from its start 
 read) to its observation, less the wait for the upstream's answer head. Stages that a tree does
 not have are skipped. Times move with the machine's load: compare trees in alternating runs.
 
+``--extra module:Owner.name,module:function`` times more functions (an owner-less name is a
+module-level function; it is replaced in its module, so callers that imported it by name are
+not timed).
+
 SQL rows also show their thread CPU time (p50). ``--warm-probe`` follows each ledger COMMIT with
 a second, one-page transaction (``probe`` rows: BEGIN IMMEDIATE, an UPDATE of the newest
 session's row to itself, COMMIT), the same statements on a warm path, to set against the first.
@@ -120,10 +124,11 @@ def timed(fn, label: str):
     return wrapper
 
 
-def install() -> None:
-    for module, path in STAGES:
-        owner_name, name = path.split(".")
-        owner = getattr(importlib.import_module(module), owner_name, None)
+def install(extra: list[tuple[str, str]]) -> None:
+    for module, path in [*STAGES, *extra]:
+        owner_name, _, name = path.rpartition(".")
+        owner = importlib.import_module(module)
+        owner = getattr(owner, owner_name, None) if owner_name else owner
         if owner is not None and hasattr(owner, name):
             setattr(owner, name, timed(getattr(owner, name), path))
     connect = sqlite3.connect
@@ -149,9 +154,14 @@ def install() -> None:
 
 
 def main() -> None:
-    install()
-    warm_probe[0] = "--warm-probe" in sys.argv
-    sys.argv = ["overhead_calls.py", *(a for a in sys.argv[1:] if a != "--warm-probe")]
+    args, extra = sys.argv[1:], []
+    if "--extra" in args:
+        at = args.index("--extra")
+        extra = [tuple(item.split(":", 1)) for item in args[at + 1].split(",") if item]
+        del args[at:at + 2]
+    install(extra)
+    warm_probe[0] = "--warm-probe" in args
+    sys.argv = ["overhead_calls.py", *(a for a in args if a != "--warm-probe")]
     oc.main()  # its first line counts nothing here (no profiler)
     print("stage (µs per call)                                          calls    p50   mean  cpu p50")
     for label, values in times.items():
