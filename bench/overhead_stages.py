@@ -8,7 +8,8 @@ workloads: where the gateway's own time goes, stage by stage, without a profiler
 client and bodies), with its profiler replaced by timers: the stage functions below are wrapped
 (p50 and mean of each call, µs) and so is every SQL statement on the ledger's and the response
 ids' connections. ``outside the upstream wait`` is a turn's time from its start (before the body is
-read) to its observation, less the wait for the upstream's answer head. Stages that a tree does
+read) to its observation, less the wait for the upstream's answer head; ``until the response
+ended`` the same up to the end of the response's last write (what the client waits for). Stages that a tree does
 not have are skipped. Times move with the machine's load: compare trees in alternating runs.
 
 ``--extra module:Owner.name,module:function`` times more functions (an owner-less name is a
@@ -142,11 +143,24 @@ def install(extra: list[tuple[str, str]]) -> None:
         importlib.import_module(module).sqlite3 = shim  # type: ignore[attr-defined]
     turn = importlib.import_module("gateway.pipeline.turn")
     observe = turn.TurnRecorder.observe
+    from aiohttp import web
+    write_eof, ended = web.StreamResponse.write_eof, [0.0]
+
+    async def eof(self, *args, **kwargs):  # the gateway's responses (the puppet runs in its own process)
+        ending = not self._eof_sent
+        try:
+            return await write_eof(self, *args, **kwargs)
+        finally:
+            if ending:
+                ended[0] = time.perf_counter()
 
     def observed(self, t):
         if measuring[0]:
             times["outside the upstream wait"].append(time.perf_counter() - t.timing.started - t.timing.upstream)
+            times["the same, until the response ended"].append(ended[0] - t.timing.started - t.timing.upstream)
         return observe(self, t)
+
+    web.StreamResponse.write_eof = eof
 
     turn.TurnRecorder.observe = observed
     oc.cProfile.Profile = Timers  # type: ignore[misc]
