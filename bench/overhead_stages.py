@@ -8,8 +8,13 @@ workloads: where the gateway's own time goes, stage by stage, without a profiler
 client and bodies), with its profiler replaced by timers: the stage functions below are wrapped
 (p50 and mean of each call, µs) and so is every SQL statement on the ledger's and the response
 ids' connections. ``outside the upstream wait`` is a turn's time from its start (before the body is
-read) to its observation, less the wait for the upstream's answer head. Stages that a tree does
+read) to its observation, less the wait for the upstream's answer head; ``until the response
+ended`` the same up to the end of the response's last write (what the client waits for). Stages that a tree does
 not have are skipped. Times move with the machine's load: compare trees in alternating runs.
+
+``--extra module:Owner.name,module:function`` times more functions (an owner-less name is a
+module-level function; it is replaced in its module, so callers that imported it by name are
+not timed).
 
 SQL rows also show their thread CPU time (p50). ``--warm-probe`` follows each ledger COMMIT with
 a second, one-page transaction (``probe`` rows: BEGIN IMMEDIATE, an UPDATE of the newest
@@ -120,10 +125,11 @@ def timed(fn, label: str):
     return wrapper
 
 
-def install() -> None:
-    for module, path in STAGES:
-        owner_name, name = path.split(".")
-        owner = getattr(importlib.import_module(module), owner_name, None)
+def install(extra: list[tuple[str, str]]) -> None:
+    for module, path in [*STAGES, *extra]:
+        owner_name, _, name = path.rpartition(".")
+        owner = importlib.import_module(module)
+        owner = getattr(owner, owner_name, None) if owner_name else owner
         if owner is not None and hasattr(owner, name):
             setattr(owner, name, timed(getattr(owner, name), path))
     connect = sqlite3.connect
@@ -137,11 +143,24 @@ def install() -> None:
         importlib.import_module(module).sqlite3 = shim  # type: ignore[attr-defined]
     turn = importlib.import_module("gateway.pipeline.turn")
     observe = turn.TurnRecorder.observe
+    from aiohttp import web
+    write_eof, ended = web.StreamResponse.write_eof, [0.0]
+
+    async def eof(self, *args, **kwargs):  # the gateway's responses (the puppet runs in its own process)
+        ending = not self._eof_sent
+        try:
+            return await write_eof(self, *args, **kwargs)
+        finally:
+            if ending:
+                ended[0] = time.perf_counter()
 
     def observed(self, t):
         if measuring[0]:
             times["outside the upstream wait"].append(time.perf_counter() - t.timing.started - t.timing.upstream)
+            times["the same, until the response ended"].append(ended[0] - t.timing.started - t.timing.upstream)
         return observe(self, t)
+
+    web.StreamResponse.write_eof = eof
 
     turn.TurnRecorder.observe = observed
     oc.cProfile.Profile = Timers  # type: ignore[misc]
@@ -149,9 +168,14 @@ def install() -> None:
 
 
 def main() -> None:
-    install()
-    warm_probe[0] = "--warm-probe" in sys.argv
-    sys.argv = ["overhead_calls.py", *(a for a in sys.argv[1:] if a != "--warm-probe")]
+    args, extra = sys.argv[1:], []
+    if "--extra" in args:
+        at = args.index("--extra")
+        extra = [tuple(item.split(":", 1)) for item in args[at + 1].split(",") if item]
+        del args[at:at + 2]
+    install(extra)
+    warm_probe[0] = "--warm-probe" in args
+    sys.argv = ["overhead_calls.py", *(a for a in args if a != "--warm-probe")]
     oc.main()  # its first line counts nothing here (no profiler)
     print("stage (µs per call)                                          calls    p50   mean  cpu p50")
     for label, values in times.items():

@@ -34,6 +34,7 @@ OPAQUE_TEXT_FIELDS = ("thinking", "content")
 PATH_SUMS_KEPT = 65_536
 PATH_STRIDE = 32
 PATH_LOOK_BACK = 64
+ROLES_KEPT = 64  # role names whose token count is remembered (TokenCounter._role_tokens)
 
 
 class TokenCounter:
@@ -50,6 +51,7 @@ class TokenCounter:
         self._slice_cache_size = max(1, slice_cache_size)
         # count_path: tokens of a path's messages up to an id (store/canonical.py path_ids).
         self._paths = PathMemo(stride=PATH_STRIDE, look_back=PATH_LOOK_BACK)
+        self._roles: dict[str, int] = {}  # a role's tokens: a handful of names, counted once each
 
     # -- raw text -------------------------------------------------------------------------
 
@@ -127,7 +129,7 @@ class TokenCounter:
         return self._store(key, self._count_message_uncached(build()))
 
     def _count_message_uncached(self, msg: dict) -> int:
-        total = MESSAGE_OVERHEAD + self.count_text(str(msg.get("role") or ""))
+        total = MESSAGE_OVERHEAD + self._role_tokens(str(msg.get("role") or ""))
         content = msg.get("content")
         if isinstance(content, str):
             total += self.count_text(content)
@@ -157,6 +159,16 @@ class TokenCounter:
                 if isinstance(value, str):
                     total += self.count_text(value)
         return total
+
+    def _role_tokens(self, role: str) -> int:
+        """``count_text(role)``, remembered for up to ROLES_KEPT role names (the client names
+        them: any more are counted each time)."""
+        found = self._roles.get(role)
+        if found is None:
+            found = self.count_text(role)
+            if len(self._roles) < ROLES_KEPT:
+                self._roles[role] = found
+        return found
 
     def count_messages(self, msgs: list[dict], keys: list[str | None] | None = None) -> int:
         """Prompt tokens of a message list: each message plus the reply priming."""

@@ -125,7 +125,9 @@ class Ledger:
         # this path is new (usually the last message or two: walk back to the newest known).
         with self._transaction():
             self._write_pending()
-            seq, epoch = self._open_session(ref)
+            now = time.time()
+            # A new session's row is written whole with its first events (one insert, no update).
+            seq, epoch, fresh = self._open_session(ref, (len(ids), ids[-1], now, 1, model))
             seen = self._seen
             # The next step of a path this process synced (the message before the last known
             # here, the last not): the last is inserted unless the session holds it already (an
@@ -140,7 +142,6 @@ class Ledger:
             first_new = len(ids) - 1 if seq else 0
             while not step and first_new > 0 and not self._known(sk, epoch, ids[first_new - 1]):
                 first_new -= 1
-            now = time.time()
             rows = [
                 event_row(sk, ids[i - 1] if i else None, ids[i], seq + n, messages[i], "message", now)
                 for n, i in enumerate(range(first_new, len(ids)))
@@ -152,10 +153,9 @@ class Ledger:
                 return PathSync(ids, 0)
             if not step:
                 db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
-            db.execute(
-                "UPDATE sessions SET events = events + ?, head = ?, updated = ?, requests = requests + 1, model = ? WHERE key = ?",
-                (len(rows), ids[-1], now, model, sk),
-            )
+            if not fresh:
+                db.execute("UPDATE sessions SET events = events + ?, head = ?, updated = ?, requests = requests + 1, model = ? "
+                           "WHERE key = ?", (len(rows), ids[-1], now, model, sk))
             for row in rows:
                 self._remember((sk, epoch, row[1]))
         return PathSync(ids, len(rows))
@@ -195,7 +195,7 @@ class Ledger:
         """The events row written, or None when the session holds the event already (an insert
         that does nothing on the primary key, not a look-up and an insert; any other conflict,
         a seq taken, still raises)."""
-        seq, epoch = self._open_session(ref)
+        seq, epoch, _ = self._open_session(ref)
         key = (ref.key, epoch, eid)
         if key in self._seen:
             return None
@@ -214,7 +214,7 @@ class Ledger:
         out = []
         with self._transaction():
             self._write_pending()
-            seq, _ = self._open_session(ref)
+            seq, _, _ = self._open_session(ref)
             (count,) = self._db.execute(
                 "SELECT COUNT(*) FROM events WHERE session_key = ? AND parent IS ? AND kind = 'side'", (ref.key, node)
             ).fetchone()
@@ -279,19 +279,20 @@ class Ledger:
         if len(self._seen) > SEEN_CACHE:
             self._seen.popitem(last=False)
 
-    def _open_session(self, ref: SessionRef) -> tuple[int, str]:
-        """The session's next seq and epoch, creating its record if needed (in a transaction)."""
+    def _open_session(self, ref: SessionRef, first: tuple = ()) -> tuple[int, str, bool]:
+        """(the session's next seq, its epoch, whether its record was created here), creating it
+        if needed (in a transaction): with `first` (events, head, updated, requests, model) set
+        when the caller writes exactly those (a first sync), else empty."""
         row = self._db.execute("SELECT events, epoch FROM sessions WHERE key = ?", (ref.key,)).fetchone()
         if row is not None:
             self._note_epoch(ref.key, row[1])
-            return row[0], row[1]
-        now, epoch = time.time(), new_epoch()
+            return row[0], row[1], False
+        now, epoch = first[2] if first else time.time(), new_epoch()  # a first sync's row: created when updated
         self._note_epoch(ref.key, epoch)
-        self._db.execute(
-            "INSERT INTO sessions (key, tenant, session_id, created, updated, epoch) VALUES (?, ?, ?, ?, ?, ?)",
-            (ref.key, ref.tenant, ref.session_id, now, now, epoch),
-        )
-        return 0, epoch
+        self._db.execute("INSERT INTO sessions (key, tenant, session_id, created, epoch, events, head, updated, requests, model) "
+                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", (ref.key, ref.tenant, ref.session_id, now, epoch,
+                                                                   *(first or (0, None, now, 0, None))))
+        return 0, epoch, bool(first)
 
     # -- reading ---------------------------------------------------------------------------
 

@@ -101,6 +101,9 @@ class GatewayRequest(web.Request):
     async def read(self) -> bytes:
         if self._read_bytes is not None:
             return self._read_bytes
+        if self.content.is_eof():  # the whole body has arrived (a short one comes with its head): no wait, no timer
+            self._read_bytes = await read_bounded(self.content, self.body_limits())
+            return self._read_bytes
         timeout = self.app[SETTINGS].server.body_read_timeout_s
         try:
             async with asyncio.timeout(timeout):

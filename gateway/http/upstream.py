@@ -66,7 +66,14 @@ class BodyReader:
         self._idle = idle_s
 
     async def chunk(self) -> bytes:
-        """The next chunk, or b"" at the end of the body."""
+        """The next chunk, or b"" at the end of the body. What has arrived already is taken
+        without arming a timer (a read that does not wait cannot time out): a short answer's
+        body usually comes with its head."""
+        content = self._response.content
+        data = await content.readany() if content.is_eof() else content.read_nowait()
+        if data or content.is_eof():
+            self._wait = self._idle
+            return data
         async with asyncio.timeout(self._wait):
             data = await self._response.content.readany()
         self._wait = self._idle

@@ -87,9 +87,19 @@ class Pipeline:
         (durable before the client has it; a turn without a complete answer records nothing)."""
         if record:
             await self.record(turn, request.get(TENANT))
-        await response.prepare(request)
-        await response.write_eof()
+        await self.end(request, turn, response)
         return response
+
+    async def end(self, request: web.Request, turn: Turn, response: web.StreamResponse) -> None:
+        """The response's end to the client, then the recorded turn's bookkeeping
+        (``TurnRecorder.booked``). Neither ``prepare`` nor ``write_eof`` yields to the event loop
+        unless the socket's buffer is full, so nothing else runs between the last byte and it."""
+        try:
+            if not response.prepared:
+                await response.prepare(request)
+            await response.write_eof()
+        finally:
+            self.recorder.booked(turn)
 
     # -- shared steps --------------------------------------------------------------------------
 
@@ -249,7 +259,7 @@ class Pipeline:
                     raise UpstreamIncomplete("The upstream's stream ended before the answer was complete.")
                 self.peer.learn(turn, watch.final)
                 await self.record(turn, request.get(TENANT))  # durable before the stream ends
-                await response.write_eof()
+                await self.end(request, turn, response)
         except GatewayError as exc:
             return await self.stream_failed(response, turn, exc)
         return response

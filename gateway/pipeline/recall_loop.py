@@ -240,7 +240,7 @@ class RecallLoop:
                 turn.answer, turn.usage = relay.answer(), relay.usage()
                 await adapter.record(turn, request.get(TENANT))  # durable before the client sees the end
                 await response.write(tail + end)
-                await response.write_eof()
+                await adapter.end(request, turn, response)
                 return response
         except GatewayError as exc:
             return await adapter.stream_failed(response, turn, exc)

@@ -90,6 +90,7 @@ class Turn:
     headers: dict[str, str] = field(default_factory=dict)
     answer: dict | None = None  # set only when the upstream's answer arrived complete
     answer_id: str | None = None  # the answer's event id, once the ledger recorded it
+    recorded: Any = None  # the answer's event, until ``TurnRecorder.booked`` has run on it
     usage: dict | None = None
     auth: dict[str, str] | None = None  # the client's credential headers, kept in memory for summary calls
     recall_calls: int = 0
@@ -131,7 +132,8 @@ class TurnRecorder:
         self.calibration = calibration
 
     async def answer(self, turn: Turn) -> None:
-        """Record the complete answer as the child of the request's last message."""
+        """Record the complete answer as the child of the request's last message: committed
+        before the client has it. What follows from it waits for ``booked``."""
         if turn.ref is None or turn.answer is None:
             return
         parent = turn.chat.ids[-1] if turn.chat.ids else None
@@ -142,6 +144,16 @@ class TurnRecorder:
             self.metrics.store_write_errors.labels("answer").inc()
             return
         turn.answer_id = event.id
+        turn.recorded = event
+
+    def booked(self, turn: Turn) -> None:
+        """What follows from a recorded answer: the summary decision, the turn log's entry, the
+        indexer's note; once per turn. The pipeline calls it right after the response's last
+        byte is handed to the socket, with no await in between, so no other request or task of
+        the process runs before it (a summary wait or an inspection sees the turn as before)."""
+        event, turn.recorded = turn.recorded, None
+        if event is None:
+            return
         self.summaries.after_turn(turn, event)
         self.bill(turn)
         price = self.metrics.costs.price(turn.chat.model)
@@ -239,6 +251,7 @@ class TurnRecorder:
             m.arm_billed(arm, turn.chat.model, direct, "direct", rate)
 
     def observe(self, turn: Turn) -> None:
+        self.booked(turn)  # a turn whose response did not end normally (the write failed)
         m = self.metrics
         if turn.status == 200:
             m.model_answered(turn.chat.model)

@@ -21,6 +21,21 @@ def test_message_accounting(counter):
     assert none_content == 3 + 1
 
 
+def test_role_names_counted_once_each_and_any_number_counted_right():
+    from policies.tokens import ROLES_KEPT
+
+    counter = TokenCounter()
+    roles = ["user", "assistant", *(f"agent role number {i}" for i in range(ROLES_KEPT + 10))]
+    for role in [*roles, *roles]:  # twice: the second time from the memo, past its bound counted again
+        assert counter.count_message({"role": role, "content": "x"}, key=None) == 3 + counter.count_text(role) + 1
+        counter._cache.clear()
+    assert len(counter._roles) == ROLES_KEPT
+    calls = []
+    counter._encoding = type("Spy", (), {"encode_ordinary": lambda _, text: calls.append(text) or [0] * len(text)})()
+    counter.count_message({"role": "user", "content": "hello"})
+    assert calls == ["hello"]  # the role's count was remembered
+
+
 def test_tool_calls_and_ids_are_counted(counter):
     call = {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "/a/b.py"}'}}
     bare = counter.count_message({"role": "assistant", "content": None})

@@ -204,6 +204,26 @@ async def test_body_that_stops_is_a_408_envelope_and_the_connection_closes(edge_
     assert all(s["body"] is None for s in seen)
 
 
+async def test_a_body_that_came_whole_is_read_without_a_timer_and_a_late_one_with_it(edge_gw, monkeypatch):
+    """A body that arrived with its head cannot be slow: it is read without arming the body
+    timeout; one that is still on its way is read under it."""
+    from gateway.http import edge
+
+    armed: list[float] = []
+
+    def timeout(delay):
+        armed.append(delay)
+        return asyncio.timeout(delay)
+
+    monkeypatch.setattr(edge, "asyncio", type("asyncio", (), {"timeout": staticmethod(timeout)}))
+    gw, seen = edge_gw
+    whole = await _exchange(_port(gw), _post_head("/v1/chat/completions", len(_CHAT)) + _CHAT)
+    assert whole.startswith(b"HTTP/1.1 200") and armed == []
+    late = await _exchange(_port(gw), _post_head("/v1/chat/completions", len(_CHAT)) + _CHAT[:10], then=[(0.05, _CHAT[10:])])
+    assert late.startswith(b"HTTP/1.1 200") and armed == [0.5]
+    assert [s["body"] for s in seen] == [_CHAT, _CHAT]  # the upstream got both bodies whole
+
+
 async def test_chat_body_that_trickles_is_a_408_envelope(edge_gw, upstream):
     """Each byte well within the timeout of the one before, the whole far beyond it."""
     gw, _ = edge_gw

@@ -99,3 +99,25 @@ def test_a_step_that_fails_between_its_statements_leaves_nothing(tmp_path):
     ledger.close()
     events, sessions = _rows(tmp_path)
     assert [e[3] for e in events] == list(range(5)) and sessions[0][1] == 5
+
+
+def test_a_new_sessions_row_is_written_whole_with_its_first_events(tmp_path):
+    """A first sync inserts the session's row with its count, head, request and model (no
+    insert then update); the row is what the insert-and-update left, and later syncs and the
+    answer's append move it as before."""
+    ledger = Ledger(tmp_path)
+    statements: list[str] = []
+    ledger._db.set_trace_callback(statements.append)
+    ref = SessionRef("t", "fresh")
+    ids = ledger.sync(ref, _messages(3), model="m1").ids
+    assert [s.split()[0] for s in statements if "sessions" in s] == ["SELECT", "INSERT"]
+    record = ledger.session(ref.key)
+    assert (record.events, record.head, record.requests, record.model) == (3, ids[-1], 1, "m1")
+    assert record.created == record.updated
+    ledger._db.set_trace_callback(None)
+    answer = ledger.append(ref, ids[-1], {"role": "assistant", "content": "a"})
+    ids = ledger.sync(ref, [*_messages(3), {"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}],
+                      model="m2").ids
+    events, sessions = _rows(tmp_path)
+    assert [e[3] for e in events] == [0, 1, 2, 3, 4] and events[3][1] == answer.id
+    assert sessions == [(ref.key, 5, ids[-1], 2, "m2")]
