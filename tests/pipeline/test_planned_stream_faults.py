@@ -132,13 +132,9 @@ async def test_a_stream_that_breaks_on_a_planned_view_fails_cleanly_and_the_retr
     check_clean_failure_and_retry(wire, upstream, run, outputs, len(answers))
 
 
-@pytest.mark.parametrize("fault", list(FAULTS))
-async def test_a_recall_round_that_breaks_on_a_planned_view_fails_cleanly_and_the_retry_succeeds(wire, fault, upstream,
-                                                                                                start_gateway):
-    """The break in the recall loop's second round: the client's stream started with the first
-    (a hidden session_search call), the gateway ran the search, and the next answer breaks."""
-    gw = await start_gateway(upstream={"idle_timeout_s": IDLE_TIMEOUT_S})
-    session = f"s-recall-{fault}"
+async def before_a_recall(wire, gw, session: str) -> tuple[list, list]:
+    """A compacted loop of `STEPS` tool rounds, its final answer, and a user question only a
+    recall answers (the history and the loop's answers): the recall loop's next request."""
     async with aiohttp.ClientSession() as http:
         history, answers = await run_loop(wire, http, gw.root, session, STEPS)
         reply = await wire.post(http, gw.root, wire.body(history, stream=False), session=session)
@@ -146,6 +142,17 @@ async def test_a_recall_round_that_breaks_on_a_planned_view_fails_cleanly_and_th
         wire.add_answer(history, reply)
     await settle(gw)
     wire.add_user(history, "RECALL: where is the artifact for step 2?")
+    return history, answers
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+async def test_a_recall_round_that_breaks_on_a_planned_view_fails_cleanly_and_the_retry_succeeds(wire, fault, upstream,
+                                                                                                start_gateway):
+    """The break in the recall loop's second round: the client's stream started with the first
+    (a hidden session_search call), the gateway ran the search, and the next answer breaks."""
+    gw = await start_gateway(upstream={"idle_timeout_s": IDLE_TIMEOUT_S})
+    session = f"s-recall-{fault}"
+    history, answers = await before_a_recall(wire, gw, session)
     # The first streamed answer passes (a stall of 0 s), the second breaks.
     run = await break_then_retry(wire, gw, upstream, session, history, [("stall", 0.0), armed(wire, fault)])
     assert len(run["sent"]) == 2  # the search round, then the broken one: no retry behind the client's back

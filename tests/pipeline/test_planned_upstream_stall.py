@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 from tests.pipeline.formats import WIRES, main_requests, run_loop, step_output
-from tests.pipeline.test_planned_stream_faults import (COMPLETE, compacted, ledger_path, streamed_text,
+from tests.pipeline.test_planned_stream_faults import (COMPLETE, before_a_recall, compacted, ledger_path, streamed_text,
                                                        tool_names)
 from tests.support.agent import settle
 
@@ -96,13 +96,7 @@ async def test_a_recall_round_whose_upstream_never_answers_fails_in_time(wire, s
     session_search call, the gateway ran the search, and the next upstream call hangs."""
     gw = await start_gateway(upstream={"first_byte_timeout_s": FIRST_BYTE_S, "idle_timeout_s": FIRST_BYTE_S})
     session = f"s-hang-recall-{stream}"
-    async with aiohttp.ClientSession() as http:
-        history, answers = await run_loop(wire, http, gw.root, session, STEPS)
-        reply = await wire.post(http, gw.root, wire.body(history, stream=False), session=session)
-        assert reply.status == 200 and not reply.calls
-        wire.add_answer(history, reply)
-    await settle(gw)
-    wire.add_user(history, "RECALL: where is the artifact for step 2?")
+    history, answers = await before_a_recall(wire, gw, session)
     run = await stall_then_retry(wire, gw, upstream, session, history, [0.0, HANG_S], stream)
     assert len(run["sent"]) == 2  # the search round, then the silent one
     assert "session_search" not in run["broken"].raw.decode()  # the recall stays hidden, even failing
