@@ -114,7 +114,7 @@ async def test_stream_events_are_named_and_the_sdk_rebuilds_the_message(puppet, 
     (lambda b, h: b.pop("model"), 400, "model: Field required"),
     (lambda b, h: b.update(messages=[{"role": "assistant", "content": "hi"}]), 400, 'first message must use the "user" role'),
     (lambda b, h: b.update(messages=[user("a"), user("b")]), 400, 'found multiple "user" roles in a row'),
-    (lambda b, h: b.update(messages=[user("a"), {"role": "system", "content": "note"}]), 400,
+    (lambda b, h: b.update(messages=[user("a"), {"role": "tool", "content": "note"}]), 400,
      "messages.1.role: Input should be 'user' or 'assistant'"),
     (lambda b, h: b.update(system=[{"type": "image"}]), 400, "system:"),
     (lambda b, h: b.update(thinking={"type": "enabled", "budget_tokens": 500}), 400, "budget_tokens"),
@@ -129,13 +129,19 @@ async def test_malformed_requests_get_anthropic_errors(puppet, http, change, sta
     assert message in error["error"]["message"]
 
 
-async def test_mid_conversation_system_messages_need_their_beta(puppet, http):
+async def test_mid_conversation_system_messages_are_accepted_with_or_without_their_old_beta(puppet, http):
+    """Generally available: Claude Code 2.1.332 sends system turns with no beta header (its bundle:
+    "'mid-conversation-system-2026-04-07' is generally available; the header is not sent"), and
+    takes a 400 "Input should be 'user' or 'assistant'" as a provider without them, falling back to
+    folding them into the user turn. Older releases still send the beta. Other roles stay refused."""
     body = {"model": "fake-32k", "max_tokens": 64,
             "messages": [user("a"), {"role": "system", "content": "agents: none"}, {"role": "assistant", "content": "b"}, user("c")]}
-    status, _ = await post(http, puppet, body)
-    assert status == 400
-    status, message = await post(http, puppet, body, {**HEADERS, "anthropic-beta": "mid-conversation-system-2026-04-07"})
-    assert status == 200 and message["content"][0]["text"] == "ok: c"
+    for headers in (HEADERS, {**HEADERS, "anthropic-beta": "mid-conversation-system-2026-04-07"}):
+        status, message = await post(http, puppet, body, headers)
+        assert status == 200 and message["content"][0]["text"] == "ok: c"
+    body["messages"][1]["role"] = "developer"
+    status, error = await post(http, puppet, body)
+    assert status == 400 and "messages.1.role: Input should be 'user' or 'assistant'" in error["error"]["message"]
 
 
 async def test_every_tool_use_needs_its_result_first_in_the_next_user_message(client):
