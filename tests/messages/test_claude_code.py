@@ -52,6 +52,12 @@ async def test_claude_code_completes_a_60_step_bash_chain_through_the_gateway_on
     # Its mid-conversation system turn reached the upstream as one (no beta header needed since
     # 2.1.332), not folded into the user turn after a refusal.
     assert [m["role"] for m in work[0]["json"]["messages"]][:2] == ["user", "system"]
+    # Its thinking blocks went back as they came (validate checked their signatures); under
+    # display "omitted" (2.1.332) with the empty text the provider gave.
+    thoughts = [(r["json"]["thinking"].get("display"), b["thinking"]) for r in work for m in r["json"]["messages"]
+                if m["role"] == "assistant" and isinstance(m["content"], list)
+                for b in m["content"] if b.get("type") == "thinking"]
+    assert thoughts and all(text == "" for display, text in thoughts if display == "omitted")
     last = work[-1]["json"]
     results = [b for m in last["messages"] if m["role"] == "user" and isinstance(m["content"], list)
                for b in m["content"] if b.get("type") == "tool_result"]

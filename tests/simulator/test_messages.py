@@ -177,6 +177,27 @@ async def test_thinking_signatures_must_verify_and_lead_the_tool_turn(client):
     assert ok.content[0].text.startswith("Tool Bash returned")
 
 
+async def test_an_omitted_thinking_display_sends_an_empty_text_whose_signature_still_binds(client, puppet, http):
+    """``thinking.display`` "omitted" (Claude Code 2.1.332): the thinking block comes back with an
+    empty text and a signature, streamed with no thinking_delta; sent back as it came it is
+    accepted, with a text of the client's own put in it refused."""
+    omitted = {"type": "adaptive", "display": "omitted"}
+    messages, _ = await tool_round(client, thinking=omitted)
+    thinking, use = messages[1]["content"]
+    assert thinking["type"] == "thinking" and thinking["thinking"] == "" and thinking["signature"]
+    ok = await client.messages.create(model="fake-32k", max_tokens=1024, messages=messages, tools=[BASH], thinking=omitted)
+    assert ok.content[0].text.startswith("Tool Bash returned")
+    filled = [messages[0], {"role": "assistant", "content": [{**thinking, "thinking": "I list the files."}, use]}, messages[2]]
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        await client.messages.create(model="fake-32k", max_tokens=1024, messages=filled, tools=[BASH], thinking=omitted)
+    assert caught.value.body["error"]["message"] == "messages.1.content.0: Invalid `signature` in `thinking` block"
+    body = {"model": "fake-32k", "max_tokens": 1024, "messages": messages[:1], "tools": [BASH],
+            "thinking": omitted, "stream": True}
+    async with http.post(puppet[1] + "/messages", json=body, headers=HEADERS) as raw:
+        text = await raw.text()
+    assert raw.status == 200 and "signature_delta" in text and "thinking_delta" not in text
+
+
 async def test_at_most_four_cache_breakpoints(client):
     mark = {"type": "ephemeral"}
     system = [{"type": "text", "text": f"part {i}", "cache_control": mark} for i in range(4)]
