@@ -339,8 +339,11 @@ async def test_summary_calls_are_answered_with_the_requested_headings(client):
     assert headings == ["## Goal", "## Next step"]
 
 
-async def test_the_request_claude_code_really_sends_is_accepted_and_its_fake_signature_refused(puppet, http):
-    recorded = json.loads((FIXTURES / "claude-tool-round.json").read_text())
+@pytest.mark.parametrize("fixture", ["claude-tool-round.json", "claude-2.1.332-tool-round.json"])
+async def test_the_request_claude_code_really_sends_is_accepted_and_its_fake_signature_refused(puppet, http, fixture):
+    """2.1.197's and 2.1.332's (its system turn without a beta header, its thinking display
+    "omitted"): the recorders replaced the signatures with "sig-abc"."""
+    recorded = json.loads((FIXTURES / fixture).read_text())
     headers = {**HEADERS, "anthropic-beta": recorded["headers"]["anthropic-beta"]}
     body = copy.deepcopy(recorded["body"])
     body["messages"] = body["messages"][:2]  # the prompt and Claude Code's mid-conversation system message
