@@ -2,7 +2,9 @@
 
 The body is checked (simulator.messages_rules), turned into chat messages and answered by the
 chat route's script (simulator.script.decide): with thinking on, a signed thinking block comes
-before every tool_use, so a client that drops or edits it is refused on the next turn. Usage
+before every tool_use, so a client that drops or edits it is refused on the next turn; under
+``thinking.display`` "omitted" (Claude Code 2.1.332 asks it) its text is empty, the signature alone
+carrying it, and a stream has no thinking_delta for it. Usage
 follows Anthropic's prompt cache: a breakpoint writes the prefix up to it
 (``cache_creation_input_tokens``, split by TTL in ``cache_creation``) that lives for the
 breakpoint's ``ttl`` (5 minutes or 1 hour, renewed by a read), a later request reads the
@@ -143,7 +145,10 @@ async def create_message(request: web.Request) -> web.StreamResponse:
         answer = Answer(content="\n".join(line.lstrip("#").strip()
                                           for line in (answer.content or "").splitlines()))
     content = build_content(state, answer, thinking_on(body))
-    output_tokens = sum(count_text(block_text(b)) for b in content)
+    output_tokens = sum(count_text(block_text(b)) for b in content)  # thinking billed even when not shown
+    if (body.get("thinking") or {}).get("display") == "omitted":  # Claude Code >= 2.1.332 asks this
+        content = [{**b, "thinking": "", "signature": thinking_signature(state.secret, b["thinking"], omitted=True)}
+                   if b["type"] == "thinking" else b for b in content]
     usage = {"input_tokens": fresh, "cache_creation_input_tokens": creation,
              "cache_read_input_tokens": read, "output_tokens": output_tokens,
              "cache_creation": {"ephemeral_5m_input_tokens": creation - hour, "ephemeral_1h_input_tokens": hour},

@@ -2,7 +2,8 @@
 
 Errors use Anthropic's envelope (`AnthropicError`). `validate` checks the body: the version
 header, ``max_tokens``, roles that alternate from a user turn (mid-conversation ``system``
-messages only under their beta), every ``tool_use`` answered first thing in the next user
+messages allowed with or without the ``mid-conversation-system-2026-04-07`` beta: it is generally
+available: Claude Code 2.1.332 sends system turns without the header), every ``tool_use`` answered first thing in the next user
 message, at most 4 ``cache_control`` breakpoints (blocks inside tool results count), each ``ttl`` "5m" or "1h" and no 1-hour one after
 a 5-minute one (in the order tools, system, messages: Anthropic answers 400 otherwise),
 thinking signatures that verify, and with thinking on, a thinking block first in the assistant
@@ -102,8 +103,7 @@ def validate(body: Any, headers: Any, secret: bytes, *, counting: bool = False) 
                       "extended-thinking#max-tokens-and-context-window-size")
     _validate_tools(body.get("tools"))
     _validate_tool_choice(body.get("tool_choice"), thinking_on(body))
-    mid_system = "mid-conversation-system" in headers.get("anthropic-beta", "")
-    _validate_messages(messages, mid_system, secret)
+    _validate_messages(messages, secret)
     breakpoints = count_breakpoints(body)
     if breakpoints > MAX_BREAKPOINTS:
         raise bad(f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. "
@@ -143,7 +143,7 @@ def _validate_tools(tools: Any) -> None:
             raise bad(f"tools.{i}.custom.input_schema: Field required")
 
 
-def _validate_messages(messages: list[Any], mid_system: bool, secret: bytes) -> None:
+def _validate_messages(messages: list[Any], secret: bytes) -> None:
     previous_role = None
     open_calls: tuple[int, list[str]] | None = None  # the assistant turn whose results are due
     for i, message in enumerate(messages):
@@ -151,7 +151,7 @@ def _validate_messages(messages: list[Any], mid_system: bool, secret: bytes) -> 
             raise bad(f"messages.{i}: Input should be a valid dictionary")
         role = message.get("role")
         content = message.get("content")
-        if role == "system" and mid_system:
+        if role == "system":  # a mid-conversation system turn: not part of the alternation
             if not (isinstance(content, str) or isinstance(content, list)):
                 raise bad(f"messages.{i}.content: Input should be a valid string or list")
             continue

@@ -36,12 +36,18 @@ def verify(secret: bytes, token: Any) -> dict[str, Any] | None:
     return payload if isinstance(payload, dict) else None
 
 
-def thinking_signature(secret: bytes, thinking: str) -> str:
-    """Anthropic-style signature over a thinking block's text."""
-    return sign(secret, {"k": "thinking", "h": hashlib.sha256(thinking.encode()).hexdigest()})
+def thinking_signature(secret: bytes, thinking: str, *, omitted: bool = False) -> str:
+    """Anthropic-style signature over a thinking block's text. `omitted`: the block goes out with
+    an empty text (``thinking.display`` "omitted"), the signature alone carrying the thinking."""
+    payload: dict[str, Any] = {"k": "thinking", "h": hashlib.sha256(thinking.encode()).hexdigest()}
+    if omitted:
+        payload["o"] = 1
+    return sign(secret, payload)
 
 
 def thinking_verifies(secret: bytes, thinking: Any, signature: Any) -> bool:
+    """The block's text is the one signed, or empty under a signature minted for an omitted display."""
     payload = verify(secret, signature)
     return (isinstance(thinking, str) and payload is not None and payload.get("k") == "thinking"
-            and payload.get("h") == hashlib.sha256(thinking.encode()).hexdigest())
+            and (payload.get("h") == hashlib.sha256(thinking.encode()).hexdigest()
+                 or (thinking == "" and payload.get("o") == 1)))

@@ -1,8 +1,8 @@
 """Running the Node client scripts in tests/clients/node/ (the Vercel AI SDK, the official
 `openai` and `@anthropic-ai/sdk` packages) against a gateway.
 
-The packages are pinned in tests/support/cli-packages.txt and installed into ``.clients/`` (or
-``$PALIMPSEST_CLIENTS``) like the coding-agent CLIs (tests/support/clis.py). Node resolves a bare
+The packages are pinned in tests/support/cli-packages.txt and installed into ``.clients/``
+(``$PALIMPSEST_CLIENTS``, when set, is looked in first) like the coding-agent CLIs (tests/support/clis.py). Node resolves a bare
 import from the script's own folder upwards, so each run copies the scripts into a temp folder
 beside a ``node_modules`` link to that install. Without node or the packages the test skips;
 under CI it fails. A run gets only PATH and a temp HOME from the environment, talks only to the loopback URL in its
@@ -28,8 +28,8 @@ PACKAGES = ("ai", "@ai-sdk/openai", "@ai-sdk/anthropic", "openai", "@anthropic-a
 def node_modules() -> Path:
     """The install that holds every package the scripts import; skips (fails under CI) without one."""
     folders = [CLIENTS_DIR / "node_modules"]
-    if os.environ.get("PALIMPSEST_CLIENTS"):
-        folders.append(Path(os.environ["PALIMPSEST_CLIENTS"]) / "node_modules")
+    if os.environ.get("PALIMPSEST_CLIENTS"):  # an install named explicitly wins over the pinned one
+        folders.insert(0, Path(os.environ["PALIMPSEST_CLIENTS"]) / "node_modules")
     for folder in folders:
         if shutil.which("node") and all((folder / p / "package.json").exists() for p in PACKAGES):
             return folder

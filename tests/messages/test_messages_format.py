@@ -1,4 +1,5 @@
-"""The Messages adapter on what Claude Code sends (tests/fixtures/wire/claude-tool-round.json):
+"""The Messages adapter on what Claude Code sends (tests/fixtures/wire/claude-tool-round.json,
+2.1.197's; claude-2.1.332-tool-round.json, 2.1.332's):
 parsing into the neutral model, identity, rendering back, regrouping and cache breakpoints."""
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from gateway.http.errors import BadRequest
 from policies.rounds import split_rounds, tool_pair_problems
 from store.canonical import path_ids
 
-FIXTURE = json.loads((Path(__file__).parents[1] / "fixtures/wire/claude-tool-round.json").read_text())
+FIXTURE_DIR = Path(__file__).parents[1] / "fixtures/wire"
+FIXTURE = json.loads((FIXTURE_DIR / "claude-tool-round.json").read_text())
 
 
 def body() -> dict:
@@ -50,6 +52,19 @@ def test_an_unchanged_view_renders_the_clients_messages_exactly():
     assert out["messages"] == b["messages"]  # the mid-conversation system message in its place
     assert out["system"] == b["system"] and out["tools"] == b["tools"]
     assert count_breakpoints(out) <= 4
+
+
+def test_claude_code_2_1_332s_round_renders_back_exactly():
+    """tests/fixtures/wire/claude-2.1.332-tool-round.json: its system turn (sent with no beta
+    header) and its thinking block with the empty text of display "omitted" come back in place."""
+    b = json.loads((FIXTURE_DIR / "claude-2.1.332-tool-round.json").read_text())["body"]
+    chat = parse(copy.deepcopy(b))
+    assert [m["role"] for m in chat.history] == ["user", "assistant", "tool"]
+    assert chat.history[1]["opaque"] == [{"type": "thinking", "thinking": "", "signature": "sig-abc"}]
+    assert any(i["content"].startswith("# Environment") for i in chat.instructions)
+    out = fmt.render_body(chat, [*chat.instructions, *chat.history], None)
+    assert out["messages"] == b["messages"] and out["system"] == b["system"] and out["tools"] == b["tools"]
+    assert out["thinking"] == {"type": "adaptive", "display": "omitted"}
 
 
 def test_cache_control_markers_are_not_identity():

@@ -231,7 +231,8 @@ SEEDS = {
                                             {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}])])],
     "responses": [recorded("codex-tool-round.json"), body_of("responses", TOOL_ROUND["responses"]("done")),
                   body_of("responses", [user("responses", [{"type": "input_text", "text": "hello"}])])],
-    "messages": [recorded("claude-tool-round.json"), body_of("messages", TOOL_ROUND["messages"]("done")),
+    "messages": [recorded("claude-tool-round.json"), recorded("claude-2.1.332-tool-round.json"),
+                 body_of("messages", TOOL_ROUND["messages"]("done")),
                  body_of("messages", TOOL_ROUND["messages"]([{"type": "text", "text": "done"}]))],
 }
 STRATEGIES = {fmt: {"valid": valid(f["decl"].REQUEST), "mutated": mutated(f["decl"].REQUEST, SEEDS[fmt])}
@@ -313,7 +314,7 @@ def settled_events(rig: Rig, session: str) -> int:
     return count
 
 
-@pytest.mark.parametrize("fixture", ["codex-tool-round.json", "claude-tool-round.json"])
+@pytest.mark.parametrize("fixture", ["codex-tool-round.json", "claude-tool-round.json", "claude-2.1.332-tool-round.json"])
 def test_the_recorded_client_bodies_have_their_declared_shape(fixture):
     recorded = orjson.loads((Path(__file__).parents[1] / "fixtures/wire" / fixture).read_bytes())["body"]
     fmt = "responses" if fixture.startswith("codex") else "messages"

@@ -114,7 +114,7 @@ async def test_stream_events_are_named_and_the_sdk_rebuilds_the_message(puppet, 
     (lambda b, h: b.pop("model"), 400, "model: Field required"),
     (lambda b, h: b.update(messages=[{"role": "assistant", "content": "hi"}]), 400, 'first message must use the "user" role'),
     (lambda b, h: b.update(messages=[user("a"), user("b")]), 400, 'found multiple "user" roles in a row'),
-    (lambda b, h: b.update(messages=[user("a"), {"role": "system", "content": "note"}]), 400,
+    (lambda b, h: b.update(messages=[user("a"), {"role": "tool", "content": "note"}]), 400,
      "messages.1.role: Input should be 'user' or 'assistant'"),
     (lambda b, h: b.update(system=[{"type": "image"}]), 400, "system:"),
     (lambda b, h: b.update(thinking={"type": "enabled", "budget_tokens": 500}), 400, "budget_tokens"),
@@ -129,13 +129,19 @@ async def test_malformed_requests_get_anthropic_errors(puppet, http, change, sta
     assert message in error["error"]["message"]
 
 
-async def test_mid_conversation_system_messages_need_their_beta(puppet, http):
+async def test_mid_conversation_system_messages_are_accepted_with_or_without_their_old_beta(puppet, http):
+    """Generally available: Claude Code 2.1.332 sends system turns with no beta header (its bundle:
+    "'mid-conversation-system-2026-04-07' is generally available; the header is not sent"), and
+    takes a 400 "Input should be 'user' or 'assistant'" as a provider without them, falling back to
+    folding them into the user turn. Older releases still send the beta. Other roles stay refused."""
     body = {"model": "fake-32k", "max_tokens": 64,
             "messages": [user("a"), {"role": "system", "content": "agents: none"}, {"role": "assistant", "content": "b"}, user("c")]}
-    status, _ = await post(http, puppet, body)
-    assert status == 400
-    status, message = await post(http, puppet, body, {**HEADERS, "anthropic-beta": "mid-conversation-system-2026-04-07"})
-    assert status == 200 and message["content"][0]["text"] == "ok: c"
+    for headers in (HEADERS, {**HEADERS, "anthropic-beta": "mid-conversation-system-2026-04-07"}):
+        status, message = await post(http, puppet, body, headers)
+        assert status == 200 and message["content"][0]["text"] == "ok: c"
+    body["messages"][1]["role"] = "developer"
+    status, error = await post(http, puppet, body)
+    assert status == 400 and "messages.1.role: Input should be 'user' or 'assistant'" in error["error"]["message"]
 
 
 async def test_every_tool_use_needs_its_result_first_in_the_next_user_message(client):
@@ -169,6 +175,27 @@ async def test_thinking_signatures_must_verify_and_lead_the_tool_turn(client):
     # Without thinking on, the same replay is fine.
     ok = await client.messages.create(model="fake-32k", max_tokens=1024, messages=dropped, tools=[BASH])
     assert ok.content[0].text.startswith("Tool Bash returned")
+
+
+async def test_an_omitted_thinking_display_sends_an_empty_text_whose_signature_still_binds(client, puppet, http):
+    """``thinking.display`` "omitted" (Claude Code 2.1.332): the thinking block comes back with an
+    empty text and a signature, streamed with no thinking_delta; sent back as it came it is
+    accepted, with a text of the client's own put in it refused."""
+    omitted = {"type": "adaptive", "display": "omitted"}
+    messages, _ = await tool_round(client, thinking=omitted)
+    thinking, use = messages[1]["content"]
+    assert thinking["type"] == "thinking" and thinking["thinking"] == "" and thinking["signature"]
+    ok = await client.messages.create(model="fake-32k", max_tokens=1024, messages=messages, tools=[BASH], thinking=omitted)
+    assert ok.content[0].text.startswith("Tool Bash returned")
+    filled = [messages[0], {"role": "assistant", "content": [{**thinking, "thinking": "I list the files."}, use]}, messages[2]]
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        await client.messages.create(model="fake-32k", max_tokens=1024, messages=filled, tools=[BASH], thinking=omitted)
+    assert caught.value.body["error"]["message"] == "messages.1.content.0: Invalid `signature` in `thinking` block"
+    body = {"model": "fake-32k", "max_tokens": 1024, "messages": messages[:1], "tools": [BASH],
+            "thinking": omitted, "stream": True}
+    async with http.post(puppet[1] + "/messages", json=body, headers=HEADERS) as raw:
+        text = await raw.text()
+    assert raw.status == 200 and "signature_delta" in text and "thinking_delta" not in text
 
 
 async def test_at_most_four_cache_breakpoints(client):
@@ -312,8 +339,11 @@ async def test_summary_calls_are_answered_with_the_requested_headings(client):
     assert headings == ["## Goal", "## Next step"]
 
 
-async def test_the_request_claude_code_really_sends_is_accepted_and_its_fake_signature_refused(puppet, http):
-    recorded = json.loads((FIXTURES / "claude-tool-round.json").read_text())
+@pytest.mark.parametrize("fixture", ["claude-tool-round.json", "claude-2.1.332-tool-round.json"])
+async def test_the_request_claude_code_really_sends_is_accepted_and_its_fake_signature_refused(puppet, http, fixture):
+    """2.1.197's and 2.1.332's (its system turn without a beta header, its thinking display
+    "omitted"): the recorders replaced the signatures with "sig-abc"."""
+    recorded = json.loads((FIXTURES / fixture).read_text())
     headers = {**HEADERS, "anthropic-beta": recorded["headers"]["anthropic-beta"]}
     body = copy.deepcopy(recorded["body"])
     body["messages"] = body["messages"][:2]  # the prompt and Claude Code's mid-conversation system message

@@ -3,17 +3,21 @@ Qwen Code (``qwen PROMPT``, the one that speaks Chat Completions).
 
 The binaries come from the npm packages pinned in tests/support/cli-packages.txt; ``.ci/run``
 installs them into ``.clients/`` at the repository root (by hand: ``npm install --prefix .clients
-$(cat tests/support/cli-packages.txt)``). `find_cli` looks there, then in ``$PALIMPSEST_CLIENTS``
-(another install folder), then on PATH. Each run gets a fresh HOME (and CODEX_HOME) in a temp
-folder, talks only to the given loopback base URL, and is killed at its timeout.
+$(cat tests/support/cli-packages.txt)``). `find_cli` looks first in ``$PALIMPSEST_CLIENTS``
+(another install folder, e.g. the newest releases scripts/clients-latest.sh installs), then there,
+then on PATH. Each run gets a fresh HOME (and CODEX_HOME) in a temp folder, talks only to the
+given loopback base URL, and is killed at its timeout.
 
 What each needs of a server (recorded from the real clients, tests/fixtures/wire/):
 - Codex: ``POST {base_url}/responses`` only, streamed; it needs ``response.completed`` (else
   "stream closed before response.completed") and reads items from ``response.output_item.done``.
   A 400 ``context_length_exceeded`` ends it with "ran out of room in the model's context window".
 - Claude Code: ``HEAD /`` (any answer), then streamed ``POST /v1/messages`` with
-  ``thinking: {"type": "adaptive"}`` and mid-conversation ``system`` messages; a 400 "prompt is
-  too long: N tokens > M maximum" is what makes it compact (or give up on a single exchange).
+  ``thinking: {"type": "adaptive"}`` (2.1.332 adds ``"display": "omitted"``: thinking blocks
+  come back with an empty text) and mid-conversation ``system`` messages (2.1.197 under the
+  ``mid-conversation-system-2026-04-07`` beta, 2.1.332 without a header, and folded into the
+  user turn if the provider refuses them with a 400); a 400 "prompt is too long: N tokens > M
+  maximum" is what makes it compact (or give up on a single exchange).
 - Qwen Code: streamed ``POST {base_url}/chat/completions`` (``stream_options.include_usage``,
   ``max_tokens`` 8000, content as lists of text parts, a ~16k-token system prompt and tools). It
   sends no session header of its own: its settings' ``customHeaders`` add ``X-Session-Id``. A 400
@@ -56,8 +60,8 @@ class CliRun:
 def find_cli(name: str) -> str | None:
     """The path of `name` ("codex", "claude" or "qwen"), or None when it is not installed."""
     folders = [CLIENTS_DIR]
-    if os.environ.get("PALIMPSEST_CLIENTS"):
-        folders.append(Path(os.environ["PALIMPSEST_CLIENTS"]))
+    if os.environ.get("PALIMPSEST_CLIENTS"):  # an install named explicitly wins over the pinned one
+        folders.insert(0, Path(os.environ["PALIMPSEST_CLIENTS"]))
     for folder in folders:
         binary = folder / "node_modules" / ".bin" / name
         if binary.exists():
