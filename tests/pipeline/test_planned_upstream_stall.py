@@ -21,8 +21,8 @@ from tests.pipeline.test_planned_stream_faults import (COMPLETE, before_a_recall
                                                        tool_names)
 from tests.support.agent import settle
 
-FIRST_BYTE_S = 0.5
-HANG_S = 3.0  # the upstream's silence: far past the gateway's wait, short enough to end with the test
+FIRST_BYTE_S = 2.0  # the gateway's wait: long enough that a loaded machine's normal steps never reach it
+HANG_S = FIRST_BYTE_S + 3.0  # the upstream's silence: far past the gateway's wait, short enough to end with the test
 STEPS = 12
 
 pytestmark = pytest.mark.parametrize("wire", list(WIRES.values()), ids=list(WIRES))
