@@ -1,0 +1,312 @@
+"""What a model may legitimately answer, fuzzed on the upstream side, on every wire format, JSON
+and streamed: the gateway's recall loop and stream filter sit in the middle of every answer, and
+other models behave differently from the one the simulator's script plays.
+
+One session per format and mode is compacted first (a chain of tool rounds), so every request
+after it carries the recall tools. Each example then asks one more question with a drawn
+sequence of answers armed in the puppet (``PuppetState.planned``): text, empty text, client tool
+calls (one or several), recall calls (alone, mixed with a client call, past the round limit,
+with malformed or empty arguments or an unknown id), answers cut by the output limit (inside a
+recall call too), refusals and content filters, reasoning before calls, usage missing or zero.
+
+Properties: the client gets a 200 its format's official SDK types parse; no recall tool name,
+call or result reaches it; what it got is the model's client-visible part of the answers the
+gateway used (a recall round's text included); usage is summed over the rounds; the answer is
+recorded once; the next plain request works.
+"""
+
+from __future__ import annotations
+
+import anthropic.types as at
+import aiohttp
+import openai.types.chat as oc
+import openai.types.responses as orr
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+from pydantic import TypeAdapter
+
+from gateway.keys import LEDGER
+from simulator.script import Answer
+from tests.pipeline.formats import TOOL_NAME, WIRES, events, main_requests, run_loop
+
+STEPS = 12
+MAX_ROUNDS = 3  # recall.max_rounds: the default
+RECALL = ("session_search", "session_load")
+SEARCH_ARGS = ['{"query": "artifact for step 2"}', '{"query": ""}', "", "{not json", "[]", '{"q": 1}']
+LOAD_ARGS = ['{"event_id": "ev-nowhere"}', '{"event_id": 7}', "{}", "nope"]
+WORDS = st.text(alphabet="abcdefgh xyz.,", min_size=0, max_size=30)
+
+
+@st.composite
+def answers(draw) -> Answer:
+    """One valid model answer (see the module docstring)."""
+    kind = draw(st.sampled_from(["text", "client", "recall", "mixed", "cut_text", "cut_call", "refusal", "filter"]))
+    usage = draw(st.sampled_from(["", "", "zero", "missing"]))
+    # The model's own words before its calls (the simulator's default would name the calls).
+    reasoning = draw(st.sampled_from(["Let me look."]) | WORDS.filter(bool))
+    text = draw(WORDS)
+    client = [(TOOL_NAME, orjson.dumps({"command": f"c{k}"}).decode()) for k in range(draw(st.integers(1, 3)))]
+    recall = draw(st.lists(st.sampled_from([("session_search", a) for a in SEARCH_ARGS]
+                                           + [("session_load", a) for a in LOAD_ARGS]), min_size=1, max_size=2))
+    if kind == "text":
+        return Answer(content=text, usage=usage)
+    if kind == "client":
+        return Answer(content=text or None, calls=client, reasoning=reasoning, usage=usage)
+    if kind == "recall":
+        return Answer(content=text or None, calls=recall, reasoning=reasoning, usage=usage)
+    if kind == "mixed":
+        calls = draw(st.permutations([*client[:1], *recall]))
+        return Answer(content=text or None, calls=list(calls), reasoning=reasoning, usage=usage)
+    if kind == "cut_text":
+        return Answer(content=text, stop="length", usage=usage)
+    if kind == "cut_call":  # cut inside the last call's arguments
+        name = draw(st.sampled_from(["session_search", TOOL_NAME]))
+        return Answer(calls=[*draw(st.sampled_from([[], client[:1]])), (name, '{"query": "artif')], stop="length",
+                      usage=usage)
+    if kind == "refusal":
+        return Answer(refusal=text or "I can't help with that.", usage=usage)
+    return Answer(content=text, stop="filter", usage=usage)
+
+
+def is_recall_round(answer: Answer, rounds: int) -> bool:
+    """The recall loop's rule: only recall calls, whole, while rounds remain."""
+    names = [name for name, _ in answer.calls]
+    return (bool(names) and all(n in RECALL for n in names) and not answer.stop and rounds < MAX_ROUNDS)
+
+
+def expected(plan: list[Answer]) -> tuple[list[Answer], str, list[str]]:
+    """(the answers the gateway uses, the client's text, the client's call names)."""
+    used, rounds = [], 0
+    for answer in plan:
+        used.append(answer)
+        if not is_recall_round(answer, rounds):
+            break
+        rounds += 1
+    text = "".join(a.content or "" for a in used)
+    calls = [name for name, _ in used[-1].calls if name not in RECALL]
+    return used, text, calls
+
+
+# -- what the client got, read with the official SDK types ----------------------------------------
+
+CHUNK = TypeAdapter(oc.ChatCompletionChunk)
+RESPONSE_EVENT = TypeAdapter(orr.ResponseStreamEvent)
+MESSAGE_EVENT = TypeAdapter(at.RawMessageStreamEvent)
+
+
+def client_view(wire: str, raw: bytes, stream: bool) -> dict:
+    """text, refusal, call names, output tokens (None: no usage) of one answer."""
+    got = {"text": "", "refusal": "", "calls": [], "output": None}
+    if wire == "chat":
+        if not stream:
+            data = oc.ChatCompletion.model_validate_json(raw)
+            message = data.choices[0].message
+            got.update(text=message.content or "", refusal=message.refusal or "",
+                       calls=[c.function.name for c in message.tool_calls or ()],
+                       output=data.usage.completion_tokens if data.usage else None)
+            return got
+        assert raw.rstrip().endswith(b"data: [DONE]"), raw[-300:]
+        names: dict[int, str] = {}
+        for event in events(raw):
+            chunk = CHUNK.validate_python(event)
+            for choice in chunk.choices:
+                got["text"] += choice.delta.content or ""
+                got["refusal"] += choice.delta.refusal or ""
+                for call in choice.delta.tool_calls or ():
+                    names[call.index] = names.get(call.index, "") + ((call.function.name if call.function else None) or "")
+            if chunk.usage:
+                got["output"] = (got["output"] or 0) + chunk.usage.completion_tokens
+        got["calls"] = [names[k] for k in sorted(names)]
+        return got
+    if wire == "responses":
+        if stream:
+            parsed = [RESPONSE_EVENT.validate_python(e) for e in events(raw)]
+            ends = [e for e in parsed if e.type in ("response.completed", "response.incomplete")]
+            assert len(ends) == 1 and parsed[-1] is ends[0], [e.type for e in parsed][-5:]
+            assert [e.sequence_number for e in parsed] == list(range(len(parsed)))
+            response = ends[0].response
+            streamed = "".join(e.delta for e in parsed if e.type == "response.output_text.delta")
+        else:
+            response = orr.Response.model_validate_json(raw)
+            streamed = None
+        for item in response.output:
+            if item.type == "message":
+                for part in item.content:
+                    if part.type == "output_text":
+                        got["text"] += part.text
+                    else:
+                        got["refusal"] += part.refusal
+            elif item.type == "function_call":
+                got["calls"].append(item.name)
+        if streamed is not None:
+            assert streamed == got["text"]
+        got["output"] = response.usage.output_tokens if response.usage else None
+        return got
+    if not stream:
+        message = at.Message.model_validate_json(raw)
+        blocks = message.content
+        got["output"] = message.usage.output_tokens
+    else:
+        parsed = [MESSAGE_EVENT.validate_python(e) for e in events(raw) if e.get("type") != "ping"]
+        assert parsed[0].type == "message_start" and parsed[-1].type == "message_stop"
+        blocks = []
+        for e in parsed:
+            if e.type == "content_block_start":
+                assert e.index == len(blocks)
+                blocks.append(e.content_block)
+            elif e.type == "content_block_delta" and e.delta.type == "text_delta":
+                got["text"] += e.delta.text
+            elif e.type == "message_delta":
+                got["output"] = e.usage.output_tokens
+    for block in blocks:
+        if block.type == "text" and not stream:
+            got["text"] += block.text
+        elif block.type == "tool_use":
+            got["calls"].append(block.name)
+    return got
+
+
+# -- the test ----------------------------------------------------------------------------------
+
+def assistant_count(gw, session: str) -> int:
+    ledger = gw.app[LEDGER]
+    record = next(r for r in ledger.sessions() if r.session_id == session)
+    return sum(e.kind == "message" and e.role == "assistant" for e in ledger.since(record.key, -1))
+
+
+async def compacted_session(wire, upstream, start_gateway, session: str) -> dict:
+    """A gateway and a session compacted by a chain of tool rounds and closed by an answer: every
+    request after it carries the recall tools."""
+    gw = await start_gateway()
+    async with aiohttp.ClientSession() as http:
+        history, _ = await run_loop(wire, http, gw.root, session, STEPS)
+        reply = await wire.post(http, gw.root, wire.body(history, stream=False), session=session)
+        assert reply.status == 200 and not reply.calls
+    wire.add_answer(history, reply)
+    return {"upstream": upstream, "gw": gw, "session": session, "history": history, "n": 0}
+
+
+async def ask_planned(wire, state: dict, plan: list[Answer], stream: bool):
+    """One more question on the session with `plan` armed: the answer and what went up for it."""
+    upstream, gw = state["upstream"], state["gw"]
+    asked = [*state["history"]]
+    wire.add_user(asked, "what next?")
+    before = len(main_requests(upstream, wire))
+    upstream.state.planned[:] = plan
+    try:
+        async with aiohttp.ClientSession() as http:
+            answer = await wire.post(http, gw.root, client_body(wire, asked, stream), session=state["session"])
+    finally:
+        upstream.state.planned.clear()
+    return answer, main_requests(upstream, wire)[before:]
+
+
+ENDING = {"chat": lambda raw, stream: ([e["choices"][0]["finish_reason"] for e in events(raw) if e.get("choices")
+                                        and e["choices"][0].get("finish_reason")] or [None])[-1] if stream
+          else orjson.loads(raw)["choices"][0]["finish_reason"],
+          "responses": lambda raw, stream: ([e["response"]["status"] for e in events(raw) if e.get("response")][-1] if stream
+                                            else orjson.loads(raw)["status"]),
+          "messages": lambda raw, stream: ([e["delta"]["stop_reason"] for e in events(raw)
+                                            if e.get("type") == "message_delta"][-1] if stream
+                                           else orjson.loads(raw)["stop_reason"])}
+CUT_ENDING = {"chat": "length", "responses": "incomplete", "messages": "max_tokens"}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("wire", list(WIRES.values()), ids=list(WIRES))
+async def test_a_recall_call_cut_by_the_output_limit_is_not_run(wire, stream, upstream, start_gateway):
+    """An answer cut inside a recall call's arguments ends the turn: the gateway does not run a
+    call it cannot read whole; the client gets the text and the cut ending, not the call."""
+    state = await compacted_session(wire, upstream, start_gateway, "s-cut")
+    plan = [Answer(content="Looking", calls=[("session_search", '{"query": "artif')], stop="length", reasoning="Let me look."),
+            Answer(content="a second answer the turn must not ask for")]
+    answer, sent = await ask_planned(wire, state, plan, stream)
+    assert answer.status == 200 and len(sent) == 1
+    assert not any(name in answer.raw.decode() for name in RECALL)
+    got = client_view(wire.name, answer.raw, stream)
+    assert got["text"] == "Looking" and got["calls"] == []
+    assert ENDING[wire.name](answer.raw, stream) == CUT_ENDING[wire.name]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("wire", list(WIRES.values()), ids=list(WIRES))
+async def test_a_recall_rounds_text_reaches_the_client_in_json_as_in_a_stream(wire, stream, upstream, start_gateway):
+    """A model that says something before its recall call: the client gets those words before
+    the final answer's, JSON or streamed."""
+    state = await compacted_session(wire, upstream, start_gateway, "s-said")
+    plan = [Answer(content="Let me check. ", calls=[("session_search", '{"query": "artifact for step 2"}')], reasoning="Let me look."),
+            Answer(content="Found it.")]
+    answer, sent = await ask_planned(wire, state, plan, stream)
+    assert answer.status == 200 and len(sent) == 2
+    assert not any(name in answer.raw.decode() for name in RECALL)
+    assert client_view(wire.name, answer.raw, stream)["text"] == "Let me check. Found it."
+
+
+def client_body(wire, history: list, stream: bool) -> dict:
+    body = wire.body(history, stream=stream)
+    if wire.name == "responses":
+        body["include"] = ["reasoning.encrypted_content"]  # reasoning items come back, as a reasoning model's do
+    if wire.name == "messages":
+        body["thinking"] = {"type": "enabled", "budget_tokens": 1024}  # thinking blocks before calls
+    return body
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("wire", list(WIRES.values()), ids=list(WIRES))
+@settings(max_examples=40, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(plan=st.lists(answers(), min_size=1, max_size=MAX_ROUNDS + 2))
+async def test_every_valid_model_behaviour_reaches_the_client_whole_and_recall_never_does(wire, stream, plan, upstream,
+                                                                                         start_gateway):
+    state = setups.get(id(upstream))
+    if state is None or state["upstream"] is not upstream:  # once per format and mode
+        state = setups[id(upstream)] = await compacted_session(wire, upstream, start_gateway, f"s-behave-{wire.name}-{stream}")
+    gw, session, history = state["gw"], state["session"], state["history"]
+    state["n"] += 1
+    asked = [*history]
+    wire.add_user(asked, f"question {state['n']}: what next?")
+    plan = [*plan, Answer(content="The end.")]  # when every drawn answer was a recall round
+    used, text, calls = expected(plan)
+    before_rounds, before_answers = len(main_requests(upstream, wire)), assistant_count(gw, session)
+    upstream.state.planned[:] = plan
+    try:
+        async with aiohttp.ClientSession() as http:
+            answer = await wire.post(http, gw.root, client_body(wire, asked, stream), session=session)
+    finally:
+        left = len(upstream.state.planned)
+        upstream.state.planned.clear()
+    sent = main_requests(upstream, wire)[before_rounds:]
+    assert answer.status == 200, answer.raw[:500]
+    assert len(sent) == len(used) and left == len(plan) - len(used), (len(sent), len(used))
+    assert all(set(RECALL) <= tool_names(body) for body in sent[:1])  # recall was on offer
+    raw = answer.raw.decode()
+    assert not any(name in raw for name in RECALL), raw[:800]  # no recall name, call or result
+    got = client_view(wire.name, answer.raw, stream)
+    if wire.name == "messages":  # Anthropic's refusal is the text of a stop_reason "refusal" answer
+        text += used[-1].refusal or ""
+    assert got["text"] == text
+    assert got["calls"] == calls
+    last = used[-1]
+    if last.refusal is not None:
+        assert (got["refusal"] if wire.name != "messages" else got["text"]) == last.refusal
+    else:
+        assert not got["refusal"]
+    counted = [a for a in used if not a.usage]
+    if counted:
+        assert got["output"] is not None and got["output"] >= sum(1 for a in counted if a.content or a.calls)
+    recorded = assistant_count(gw, session) - before_answers
+    assert recorded <= 1  # never twice
+    if not last.stop and (got["text"] or got["refusal"] or got["calls"]):
+        assert recorded == 1  # a whole answer with something in it is recorded
+
+    async with aiohttp.ClientSession() as http:  # and the next plain request works
+        nxt = await wire.post(http, gw.root, wire.body([*asked[:-1], *asked[-1:]], stream=stream), session=session)
+    assert nxt.status == 200, nxt.raw[:300]
+
+
+setups: dict[int, dict] = {}
+
+
+def tool_names(body: dict) -> set[str]:
+    return {t.get("name") or (t.get("function") or {}).get("name") for t in body.get("tools") or ()}
