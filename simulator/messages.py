@@ -173,6 +173,8 @@ async def create_message(request: web.Request) -> web.StreamResponse:
              "service_tier": "standard"}
     if answer.usage:  # Anthropic always reports usage: a model that reports none reads as zeros
         usage.update(input_tokens=0, cache_creation_input_tokens=0, cache_read_input_tokens=0, output_tokens=0)
+    elif answer.output_tokens is not None:
+        usage["output_tokens"] = answer.output_tokens
     stop = {"length": "max_tokens", "filter": "refusal"}.get(answer.stop) or ("refusal" if answer.refusal is not None else None)
     message = {"id": f"msg_puppet{state.next_id():012d}", "type": "message", "role": "assistant",
                "model": body["model"], "content": content,

@@ -114,6 +114,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     }
     if planned is not None and planned.usage:  # a model that reports none, or zeros
         usage = None if planned.usage == "missing" else {k: 0 for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    elif planned is not None and planned.output_tokens is not None:
+        usage.update(completion_tokens=planned.output_tokens, total_tokens=prompt_tokens + planned.output_tokens)
     head = {"id": completion_id, "created": int(time.time()), "model": model,
             "system_fingerprint": FINGERPRINT, "service_tier": "default"}
     if body.get("stream"):

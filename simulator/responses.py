@@ -144,6 +144,9 @@ def planned_ending(response: dict[str, Any], answer: Answer) -> None:
         response["usage"] = None
     elif answer.usage == "zero":
         response["usage"] = usage(0, 0, [])
+    elif answer.output_tokens is not None:
+        reported = response["usage"]
+        reported.update(output_tokens=answer.output_tokens, total_tokens=reported["input_tokens"] + answer.output_tokens)
 
 
 def build_output(state: PuppetState, answer: Answer, encrypted: bool) -> list[dict[str, Any]]:

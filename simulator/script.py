@@ -22,11 +22,12 @@ class Answer:
     # What a planned answer (PuppetState.planned) may add, each format rendering it its own way:
     # "length" (cut by the output limit: the last call's arguments may be cut too) or "filter"
     # (a content filter) instead of a natural end; a refusal instead of text; the model's
-    # reasoning before its calls; "zero" or "missing" usage.
+    # reasoning before its calls; "zero" or "missing" usage, or the output tokens it reports.
     stop: str = ""
     refusal: str | None = None
     reasoning: str | None = None
     usage: str = ""
+    output_tokens: int | None = None  # the output tokens reported, in place of the count
 
 
 _MARKER = re.compile(r"\[\[(fail|sleep|stall|die)\s+([\d.]+)\s*\]\]")

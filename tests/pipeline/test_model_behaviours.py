@@ -23,10 +23,11 @@ import openai.types.chat as oc
 import openai.types.responses as orr
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, event, given, settings, strategies as st
 from pydantic import TypeAdapter
 
 from gateway.keys import LEDGER
+from simulator.counting import content_text
 from simulator.script import Answer
 from tests.pipeline.formats import TOOL_NAME, WIRES, events, main_requests, run_loop
 
@@ -38,11 +39,15 @@ LOAD_ARGS = ['{"event_id": "ev-nowhere"}', '{"event_id": 7}', "{}", "nope"]
 WORDS = st.text(alphabet="abcdefgh xyz.,", min_size=0, max_size=30)
 
 
+KINDS = ["text", "client", "recall", "mixed", "cut_text", "cut_call", "refusal", "filter"]
+
+
 @st.composite
-def answers(draw) -> Answer:
-    """One valid model answer (see the module docstring)."""
-    kind = draw(st.sampled_from(["text", "client", "recall", "mixed", "cut_text", "cut_call", "refusal", "filter"]))
+def answers(draw, kinds: list[str] = KINDS) -> Answer:
+    """One valid model answer of one of `kinds` (see the module docstring)."""
+    kind = draw(st.sampled_from(kinds))
     usage = draw(st.sampled_from(["", "", "zero", "missing"]))
+    tokens = draw(st.integers(1, 400)) if not usage else None
     # The model's own words before its calls (the simulator's default would name the calls).
     reasoning = draw(st.sampled_from(["Let me look."]) | WORDS.filter(bool))
     text = draw(WORDS)
@@ -50,23 +55,23 @@ def answers(draw) -> Answer:
     recall = draw(st.lists(st.sampled_from([("session_search", a) for a in SEARCH_ARGS]
                                            + [("session_load", a) for a in LOAD_ARGS]), min_size=1, max_size=2))
     if kind == "text":
-        return Answer(content=text, usage=usage)
+        return Answer(content=text, usage=usage, output_tokens=tokens)
     if kind == "client":
-        return Answer(content=text or None, calls=client, reasoning=reasoning, usage=usage)
+        return Answer(content=text or None, calls=client, reasoning=reasoning, usage=usage, output_tokens=tokens)
     if kind == "recall":
-        return Answer(content=text or None, calls=recall, reasoning=reasoning, usage=usage)
+        return Answer(content=text or None, calls=recall, reasoning=reasoning, usage=usage, output_tokens=tokens)
     if kind == "mixed":
         calls = draw(st.permutations([*client[:1], *recall]))
-        return Answer(content=text or None, calls=list(calls), reasoning=reasoning, usage=usage)
+        return Answer(content=text or None, calls=list(calls), reasoning=reasoning, usage=usage, output_tokens=tokens)
     if kind == "cut_text":
-        return Answer(content=text, stop="length", usage=usage)
+        return Answer(content=text, stop="length", usage=usage, output_tokens=tokens)
     if kind == "cut_call":  # cut inside the last call's arguments
         name = draw(st.sampled_from(["session_search", TOOL_NAME]))
         return Answer(calls=[*draw(st.sampled_from([[], client[:1]])), (name, '{"query": "artif')], stop="length",
-                      usage=usage)
+                      reasoning=reasoning, usage=usage, output_tokens=tokens)
     if kind == "refusal":
-        return Answer(refusal=text or "I can't help with that.", usage=usage)
-    return Answer(content=text, stop="filter", usage=usage)
+        return Answer(refusal=text or "I can't help with that.", usage=usage, output_tokens=tokens)
+    return Answer(content=text, stop="filter", usage=usage, output_tokens=tokens)
 
 
 def is_recall_round(answer: Answer, rounds: int) -> bool:
@@ -243,6 +248,12 @@ async def test_a_recall_rounds_text_reaches_the_client_in_json_as_in_a_stream(wi
     assert client_view(wire.name, answer.raw, stream)["text"] == "Let me check. Found it."
 
 
+def newest_answer(gw, session: str) -> dict:
+    ledger = gw.app[LEDGER]
+    record = next(r for r in ledger.sessions() if r.session_id == session)
+    return [e for e in ledger.since(record.key, -1) if e.kind == "message" and e.role == "assistant"][-1].message
+
+
 def client_body(wire, history: list, stream: bool) -> dict:
     body = wire.body(history, stream=stream)
     if wire.name == "responses":
@@ -254,9 +265,13 @@ def client_body(wire, history: list, stream: bool) -> dict:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 @pytest.mark.parametrize("wire", list(WIRES.values()), ids=list(WIRES))
-@settings(max_examples=40, derandomize=True, deadline=None, database=None,
+@settings(max_examples=60, derandomize=True, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(plan=st.lists(answers(), min_size=1, max_size=MAX_ROUNDS + 2))
+@given(plan=st.one_of(
+    st.lists(answers(), min_size=1, max_size=MAX_ROUNDS + 2),
+    # a model that keeps calling recall past the round limit (offered the tools or not)
+    st.tuples(st.lists(answers(["recall"]), min_size=1, max_size=MAX_ROUNDS + 1), answers()).map(
+        lambda chain: [*chain[0], chain[1]])))
 async def test_every_valid_model_behaviour_reaches_the_client_whole_and_recall_never_does(wire, stream, plan, upstream,
                                                                                          start_gateway):
     state = setups.get(id(upstream))
@@ -266,8 +281,10 @@ async def test_every_valid_model_behaviour_reaches_the_client_whole_and_recall_n
     state["n"] += 1
     asked = [*history]
     wire.add_user(asked, f"question {state['n']}: what next?")
-    plan = [*plan, Answer(content="The end.")]  # when every drawn answer was a recall round
+    plan = [*plan, Answer(content="The end.", output_tokens=3)]  # when every drawn answer was a recall round
     used, text, calls = expected(plan)
+    event(f"upstream calls={len(used)}")  # --hypothesis-show-statistics: what the examples reached
+    event("ending=" + ("cut" if used[-1].stop else "refusal" if used[-1].refusal is not None else "whole"))
     before_rounds, before_answers = len(main_requests(upstream, wire)), assistant_count(gw, session)
     upstream.state.planned[:] = plan
     try:
@@ -279,9 +296,12 @@ async def test_every_valid_model_behaviour_reaches_the_client_whole_and_recall_n
     sent = main_requests(upstream, wire)[before_rounds:]
     assert answer.status == 200, answer.raw[:500]
     assert len(sent) == len(used) and left == len(plan) - len(used), (len(sent), len(used))
-    assert all(set(RECALL) <= tool_names(body) for body in sent[:1])  # recall was on offer
+    # recall on offer for max_rounds rounds, then one call without it
+    assert [set(RECALL) <= tool_names(body) for body in sent] == [i < MAX_ROUNDS for i in range(len(sent))]
+    assert not any(set(RECALL) & tool_names(body) for body in sent[MAX_ROUNDS:])
     raw = answer.raw.decode()
-    assert not any(name in raw for name in RECALL), raw[:800]  # no recall name, call or result
+    assert not any(name in raw for name in RECALL), raw[:800]  # no recall name or call
+    assert "/srv/out/" not in raw and "checkpoint-" not in raw  # nor a recall result (the session's facts)
     got = client_view(wire.name, answer.raw, stream)
     if wire.name == "messages":  # Anthropic's refusal is the text of a stop_reason "refusal" answer
         text += used[-1].refusal or ""
@@ -289,16 +309,19 @@ async def test_every_valid_model_behaviour_reaches_the_client_whole_and_recall_n
     assert got["calls"] == calls
     last = used[-1]
     if last.refusal is not None:
-        assert (got["refusal"] if wire.name != "messages" else got["text"]) == last.refusal
+        assert got["refusal"] == last.refusal if wire.name != "messages" else got["text"].endswith(last.refusal)
     else:
         assert not got["refusal"]
-    counted = [a for a in used if not a.usage]
-    if counted:
-        assert got["output"] is not None and got["output"] >= sum(1 for a in counted if a.content or a.calls)
+    reported = sum(a.output_tokens for a in used if not a.usage)  # summed over the rounds that reported any
+    assert got["output"] == reported if reported else got["output"] in (None, 0), (got["output"], reported)
     recorded = assistant_count(gw, session) - before_answers
     assert recorded <= 1  # never twice
     if not last.stop and (got["text"] or got["refusal"] or got["calls"]):
         assert recorded == 1  # a whole answer with something in it is recorded
+    if recorded:  # as the client got it
+        kept = newest_answer(gw, session)
+        assert content_text(kept.get("content")) in (got["text"], got["refusal"])
+        assert [c["function"]["name"] for c in kept.get("tool_calls") or ()] == got["calls"]
 
     async with aiohttp.ClientSession() as http:  # and the next plain request works
         nxt = await wire.post(http, gw.root, wire.body([*asked[:-1], *asked[-1:]], stream=stream), session=session)
