@@ -18,6 +18,7 @@ recorded once; the next plain request works.
 from __future__ import annotations
 
 import anthropic.types as at
+from anthropic.lib.streaming._messages import accumulate_event
 import aiohttp
 import openai.types.chat as oc
 import openai.types.responses as orr
@@ -248,6 +249,69 @@ async def test_a_recall_rounds_text_reaches_the_client_in_json_as_in_a_stream(wi
     assert client_view(wire.name, answer.raw, stream)["text"] == "Let me check. Found it."
 
 
+def reasoning_cut_from_its_calls(wire: str, answer: Answer) -> bool:
+    """A Responses answer whose reasoning item came with client and recall calls: the client
+    gets the reasoning and its client calls, and sending them back is refused ("reasoning was
+    provided without its required following item": the recall call is missing). Known, not
+    fixed yet: test_a_reasoning_item_split_from_a_recall_call_can_be_sent_back (xfail)."""
+    names = {name for name, _ in answer.calls}
+    return wire == "responses" and bool(names & set(RECALL)) and bool(names - set(RECALL))
+
+
+def continued(wire: str, history: list, raw: bytes, stream: bool) -> list:
+    """`history` with the answer in `raw` as the client got it and the results of its calls (a
+    user message when it made none): what an agent sends next."""
+    out = [*history]
+    if wire == "chat":
+        if stream:
+            content, calls = "", {}
+            for event in events(raw):
+                for choice in event.get("choices") or ():
+                    content += choice["delta"].get("content") or ""
+                    for call in choice["delta"].get("tool_calls") or ():
+                        slot = calls.setdefault(call["index"], {"id": "", "type": "function",
+                                                                "function": {"name": "", "arguments": ""}})
+                        slot["id"] = call.get("id") or slot["id"]
+                        slot["function"]["name"] += (call.get("function") or {}).get("name") or ""
+                        slot["function"]["arguments"] += (call.get("function") or {}).get("arguments") or ""
+            message = {"role": "assistant", "content": content or None, "tool_calls": [calls[k] for k in sorted(calls)]}
+        else:
+            got = orjson.loads(raw)["choices"][0]["message"]
+            message = {"role": "assistant", "content": got.get("content"), "tool_calls": got.get("tool_calls") or []}
+        if not message["tool_calls"]:
+            message.pop("tool_calls")
+            message["content"] = message["content"] or ""
+        out.append(message)
+        out += [{"role": "tool", "tool_call_id": c["id"], "content": "done"} for c in message.get("tool_calls") or ()]
+        if "tool_calls" not in message:
+            out.append({"role": "user", "content": "go on"})
+        return out
+    if wire == "responses":
+        response = ([e["response"] for e in events(raw) if e.get("type") == "response.completed"][-1] if stream
+                    else orjson.loads(raw))
+        for item in response["output"]:
+            item = {k: v for k, v in item.items() if k != "status" and (k != "id" or item["type"] == "reasoning")}
+            out.append(item)
+            if item["type"] == "function_call":
+                out.append({"type": "function_call_output", "call_id": item["call_id"], "output": "done"})
+        if not any(i["type"] == "function_call" for i in response["output"]):
+            out.append({"role": "user", "content": "go on"})
+        return out
+    if stream:
+        snapshot, bufs = None, {}
+        for event in events(raw):
+            if event.get("type") != "ping":
+                snapshot = accumulate_event(event=MESSAGE_EVENT.validate_python(event), current_snapshot=snapshot,
+                                            json_bufs=bufs)
+        blocks = [b.model_dump(exclude_none=True) for b in snapshot.content]
+    else:
+        blocks = orjson.loads(raw)["content"]
+    out.append({"role": "assistant", "content": blocks})
+    results = [{"type": "tool_result", "tool_use_id": b["id"], "content": "done"} for b in blocks if b["type"] == "tool_use"]
+    out.append({"role": "user", "content": results or "go on"})
+    return out
+
+
 def newest_answer(gw, session: str) -> dict:
     ledger = gw.app[LEDGER]
     record = next(r for r in ledger.sessions() if r.session_id == session)
@@ -323,9 +387,14 @@ async def test_every_valid_model_behaviour_reaches_the_client_whole_and_recall_n
         assert content_text(kept.get("content")) in (got["text"], got["refusal"])
         assert [c["function"]["name"] for c in kept.get("tool_calls") or ()] == got["calls"]
 
-    async with aiohttp.ClientSession() as http:  # and the next plain request works
-        nxt = await wire.post(http, gw.root, wire.body([*asked[:-1], *asked[-1:]], stream=stream), session=session)
+    # The next request works: the client's answer sent back as it got it (with its calls'
+    # results), as an agent goes on; after a cut answer, the question asked again.
+    follow = asked if last.stop or reasoning_cut_from_its_calls(wire.name, last) else continued(
+        wire.name, asked, answer.raw, stream)
+    async with aiohttp.ClientSession() as http:
+        nxt = await wire.post(http, gw.root, client_body(wire, follow, stream), session=session)
     assert nxt.status == 200, nxt.raw[:300]
+    assert "session_search" not in nxt.raw.decode()
 
 
 setups: dict[int, dict] = {}
@@ -333,3 +402,47 @@ setups: dict[int, dict] = {}
 
 def tool_names(body: dict) -> set[str]:
     return {t.get("name") or (t.get("function") or {}).get("name") for t in body.get("tools") or ()}
+
+
+SEARCH = ("session_search", '{"query": "artifact for step 2"}')
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("wire", list(WIRES.values()), ids=list(WIRES))
+async def test_a_recall_call_past_the_round_limit_leaves_no_reasoning_alone(wire, stream, upstream, start_gateway):
+    """Past recall.max_rounds the model is asked without the recall tools and calls one anyway,
+    after its reasoning: the call is dropped, and so is a Responses reasoning item nothing shown
+    follows (in a stream as in JSON), so the client can send its answer back."""
+    state = await compacted_session(wire, upstream, start_gateway, "s-limit")
+    thinking = Answer(calls=[SEARCH], reasoning="Let me look.")
+    answer, sent = await ask_planned(wire, state, [thinking] * (MAX_ROUNDS + 1) + [Answer(content="unused")], stream)
+    assert answer.status == 200 and len(sent) == MAX_ROUNDS + 1
+    assert not any(name in answer.raw.decode() for name in RECALL)
+    if wire.name == "responses":
+        response = ([e["response"] for e in events(answer.raw) if e.get("type") == "response.completed"][-1]
+                    if stream else orjson.loads(answer.raw))
+        assert [item["type"] for item in response["output"]] == []
+        assert not any(e.get("type") == "response.output_item.added" for e in events(answer.raw))
+    asked = [*state["history"]]
+    wire.add_user(asked, "what next?")
+    follow = continued(wire.name, asked, answer.raw, stream)
+    async with aiohttp.ClientSession() as http:
+        nxt = await wire.post(http, state["gw"].root, client_body(wire, follow, stream), session=state["session"])
+    assert nxt.status == 200, nxt.raw[:300]
+
+
+@pytest.mark.xfail(strict=True, reason="known: the reasoning item of an answer that mixes client and recall calls "
+                   "reaches the client without the recall call it binds, and the provider refuses it sent back")
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_a_reasoning_item_split_from_a_recall_call_can_be_sent_back(stream, upstream, start_gateway):
+    wire = WIRES["responses"]
+    state = await compacted_session(wire, upstream, start_gateway, "s-split")
+    mixed = Answer(calls=[(TOOL_NAME, '{"command": "ls"}'), SEARCH], reasoning="Let me look.")
+    answer, _ = await ask_planned(wire, state, [mixed], stream)
+    assert answer.status == 200 and client_view(wire.name, answer.raw, stream)["calls"] == [TOOL_NAME]
+    asked = [*state["history"]]
+    wire.add_user(asked, "what next?")
+    follow = continued(wire.name, asked, answer.raw, stream)
+    async with aiohttp.ClientSession() as http:
+        nxt = await wire.post(http, state["gw"].root, client_body(wire, follow, stream), session=state["session"])
+    assert nxt.status == 200, nxt.raw[:300]
