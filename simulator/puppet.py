@@ -139,7 +139,8 @@ def _choice(index: int, answer: Answer, state: PuppetState) -> dict[str, Any]:
              "function": {"name": name, "arguments": arguments}}
             for name, arguments in answer.calls
         ]
-    finish = {"length": "length", "filter": "content_filter"}.get(answer.stop)
+    # "plain": "stop" even with calls, as vLLM and Ollama models answer
+    finish = {"length": "length", "filter": "content_filter", "plain": "stop"}.get(answer.stop)
     return {"index": index, "message": message, "logprobs": None,
             "finish_reason": finish or ("tool_calls" if answer.calls else "stop")}
 

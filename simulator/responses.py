@@ -134,7 +134,7 @@ def compaction_item(state: PuppetState, chat: list[dict[str, Any]]) -> dict[str,
 def planned_ending(response: dict[str, Any], answer: Answer) -> None:
     """A planned answer's ending: cut by max_output_tokens or by the content filter ("incomplete",
     its last item too), and its usage as reported (zeros, or none)."""
-    if answer.stop:
+    if answer.stop in ("length", "filter"):
         response["status"] = "incomplete"
         response["completed_at"] = None
         response["incomplete_details"] = {"reason": "max_output_tokens" if answer.stop == "length" else "content_filter"}

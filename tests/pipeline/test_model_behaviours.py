@@ -36,7 +36,8 @@ LOAD_ARGS = ['{"event_id": "ev-nowhere"}', '{"event_id": 7}', "{}", "nope"]
 WORDS = st.text(alphabet="abcdefgh xyz.,", min_size=0, max_size=30)
 
 
-KINDS = ["text", "client", "recall", "mixed", "cut_text", "cut_call", "refusal", "filter"]
+KINDS = ["text", "client", "recall", "mixed", "cut_text", "cut_call", "refusal", "filter", "plain_calls"]
+CUT = ("length", "filter")
 
 
 @st.composite
@@ -51,8 +52,11 @@ def answers(draw, kinds: list[str] = KINDS) -> Answer:
     client = [(TOOL_NAME, orjson.dumps({"command": f"c{k}"}).decode()) for k in range(draw(st.integers(1, 3)))]
     recall = draw(st.lists(st.sampled_from([("session_search", a) for a in SEARCH_ARGS]
                                            + [("session_load", a) for a in LOAD_ARGS]), min_size=1, max_size=2))
-    if kind == "text":
-        return Answer(content=text, usage=usage, output_tokens=tokens)
+    if kind == "text":  # chat renders reasoning here too (reasoning_content)
+        return Answer(content=text, reasoning=draw(st.none() | st.just(reasoning)), usage=usage, output_tokens=tokens)
+    if kind == "plain_calls":  # calls ending with finish_reason "stop" (chat; a natural end elsewhere)
+        return Answer(calls=draw(st.sampled_from([client, recall])), reasoning=reasoning, stop="plain", usage=usage,
+                      output_tokens=tokens)
     if kind == "client":
         return Answer(content=text or None, calls=client, reasoning=reasoning, usage=usage, output_tokens=tokens)
     if kind == "recall":
@@ -74,7 +78,7 @@ def answers(draw, kinds: list[str] = KINDS) -> Answer:
 def is_recall_round(answer: Answer, rounds: int) -> bool:
     """The recall loop's rule: only recall calls, whole, while rounds remain."""
     names = [name for name, _ in answer.calls]
-    return (bool(names) and all(n in RECALL for n in names) and not answer.stop and rounds < MAX_ROUNDS)
+    return bool(names) and all(n in RECALL for n in names) and answer.stop not in CUT and rounds < MAX_ROUNDS
 
 
 def expected(plan: list[Answer]) -> tuple[list[Answer], str, list[str]]:
@@ -211,7 +215,7 @@ async def test_every_valid_model_behaviour_reaches_the_client_whole_and_recall_n
     plan = [*plan, Answer(content="The end.", output_tokens=3)]  # when every drawn answer was a recall round
     used, text, calls = expected(plan)
     event(f"upstream calls={len(used)}")  # --hypothesis-show-statistics: what the examples reached
-    event("ending=" + ("cut" if used[-1].stop else "refusal" if used[-1].refusal is not None else "whole"))
+    event("ending=" + ("cut" if used[-1].stop in CUT else "refusal" if used[-1].refusal is not None else "whole"))
     before_rounds, before_answers = len(main_requests(upstream, wire)), assistant_count(gw, session)
     upstream.state.planned[:] = plan
     try:
@@ -243,7 +247,7 @@ async def test_every_valid_model_behaviour_reaches_the_client_whole_and_recall_n
     assert got["output"] == reported if reported else got["output"] in (None, 0), (got["output"], reported)
     recorded = assistant_count(gw, session) - before_answers
     assert recorded <= 1  # never twice
-    if not last.stop and (got["text"] or got["refusal"] or got["calls"]):
+    if last.stop not in CUT and (got["text"] or got["refusal"] or got["calls"]):
         assert recorded == 1  # a whole answer with something in it is recorded
     if recorded:  # as the client got it
         kept = newest_answer(gw, session)
@@ -252,7 +256,7 @@ async def test_every_valid_model_behaviour_reaches_the_client_whole_and_recall_n
 
     # The next request works: the client's answer sent back as it got it (with its calls'
     # results), as an agent goes on; after a cut answer, the question asked again.
-    follow = asked if last.stop or reasoning_cut_from_its_calls(wire.name, last) else continued(
+    follow = asked if last.stop in CUT or reasoning_cut_from_its_calls(wire.name, last) else continued(
         wire.name, asked, answer.raw, stream)
     async with aiohttp.ClientSession() as http:
         nxt = await wire.post(http, gw.root, client_body(wire, follow, stream), session=session)
