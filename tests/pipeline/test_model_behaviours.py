@@ -20,7 +20,7 @@ from __future__ import annotations
 import aiohttp
 import orjson
 import pytest
-from hypothesis import HealthCheck, event, given, settings, strategies as st
+from hypothesis import HealthCheck, event, example, given, settings, strategies as st
 
 from gateway.keys import LEDGER
 from simulator.counting import content_text
@@ -67,7 +67,7 @@ def answers(draw, kinds: list[str] = KINDS) -> Answer:
     if kind == "cut_text":
         return Answer(content=text, stop="length", usage=usage, output_tokens=tokens)
     if kind == "cut_call":  # cut inside the last call's arguments
-        name = draw(st.sampled_from(["session_search", TOOL_NAME]))
+        name = draw(st.sampled_from(["session_search", "session_search", TOOL_NAME]))
         return Answer(calls=[*draw(st.sampled_from([[], client[:1]])), (name, '{"query": "artif')], stop="length",
                       reasoning=reasoning, usage=usage, output_tokens=tokens)
     if kind == "refusal":
@@ -203,6 +203,13 @@ def client_body(wire, history: list, stream: bool) -> dict:
     # a model that keeps calling recall past the round limit (offered the tools or not)
     st.tuples(st.lists(answers(["recall"]), min_size=1, max_size=MAX_ROUNDS + 1), answers()).map(
         lambda chain: [*chain[0], chain[1]])))
+# The brief's named cases, always run besides the drawn ones.
+@example(plan=[Answer(content="Let me", calls=[("session_search", '{"query": "artif')], stop="length",
+                      reasoning="Let me look.", output_tokens=9)])
+@example(plan=[Answer(calls=[("session_search", '{"query": "step 2"}')], reasoning="Let me look.", output_tokens=7)]
+         * (MAX_ROUNDS + 1))
+@example(plan=[Answer(calls=[(TOOL_NAME, '{"command": "ls"}'), ("session_load", "nope")], reasoning="Let me look.",
+                      output_tokens=5)])
 async def test_every_valid_model_behaviour_reaches_the_client_whole_and_recall_never_does(wire, stream, plan, upstream,
                                                                                          start_gateway):
     state = setups.get(id(upstream))
