@@ -100,15 +100,33 @@ def cache_usage(state: PuppetState, model: str, keyed: list[tuple[bytes, int, st
 
 def build_content(state: PuppetState, answer: Answer, thinking: bool) -> list[dict[str, Any]]:
     if not answer.calls:
-        return [{"type": "text", "text": answer.content or ""}]
+        text = answer.refusal if answer.refusal is not None else answer.content
+        return [{"type": "text", "text": text or ""}]
     content: list[dict[str, Any]] = []
     if thinking:
-        thought = "Next I call " + ", ".join(name for name, _ in answer.calls) + "."
+        thought = answer.reasoning or "Next I call " + ", ".join(name for name, _ in answer.calls) + "."
         content.append({"type": "thinking", "thinking": thought,
                         "signature": thinking_signature(state.secret, thought)})
-    content += [{"type": "tool_use", "id": f"toolu_puppet{state.next_id():012d}", "name": name,
-                 "input": orjson.loads(arguments)} for name, arguments in answer.calls]
+    if answer.content:  # text before the calls, as a model may write
+        content.append({"type": "text", "text": answer.content})
+    for k, (name, arguments) in enumerate(answer.calls):
+        block = {"type": "tool_use", "id": f"toolu_puppet{state.next_id():012d}", "name": name,
+                 "input": _input(arguments)}
+        if answer.stop == "length" and k == len(answer.calls) - 1 and _input(arguments, None) is None:
+            block["partial_json"] = arguments  # cut by max_tokens: streamed as far as it got
+        content.append(block)
     return content
+
+
+def _input(arguments: str, default: Any = ...) -> Any:
+    """A call's input as the API gives it: always an object ({} for what is not one)."""
+    try:
+        value = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        value = None
+    if isinstance(value, dict):
+        return value
+    return {} if default is ... else default
 
 
 async def create_message(request: web.Request) -> web.StreamResponse:
@@ -138,7 +156,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     delay = state.delay(request, marks)
     if delay:
         await asyncio.sleep(delay)
-    answer = decide({"messages": chat, "tools": _tools(body)}, summary)
+    answer = state.next_answer(request) or decide({"messages": chat, "tools": _tools(body)}, summary)
     if answer.calls and (body.get("tool_choice") or {}).get("type") == "none":  # no tool may be called
         answer = Answer(content="(no tool call: tool_choice none)")
     if summary and state.summary_format == "ignore":
@@ -153,14 +171,20 @@ async def create_message(request: web.Request) -> web.StreamResponse:
              "cache_read_input_tokens": read, "output_tokens": output_tokens,
              "cache_creation": {"ephemeral_5m_input_tokens": creation - hour, "ephemeral_1h_input_tokens": hour},
              "service_tier": "standard"}
+    if answer.usage:  # Anthropic always reports usage: a model that reports none reads as zeros
+        usage.update(input_tokens=0, cache_creation_input_tokens=0, cache_read_input_tokens=0, output_tokens=0)
+    elif answer.output_tokens is not None:
+        usage["output_tokens"] = answer.output_tokens
+    stop = {"length": "max_tokens", "filter": "refusal"}.get(answer.stop) or ("refusal" if answer.refusal is not None else None)
     message = {"id": f"msg_puppet{state.next_id():012d}", "type": "message", "role": "assistant",
                "model": body["model"], "content": content,
-               "stop_reason": "tool_use" if answer.calls else "end_turn", "stop_sequence": None,
+               "stop_reason": stop or ("tool_use" if answer.calls else "end_turn"), "stop_sequence": None,
                "usage": usage}
     headers = {"request-id": f"req_{message['id'][4:]}", "anthropic-organization-id": "puppet"}
     if body.get("stream"):
         return await stream_message(request, message, headers, *stream_faults(request, marks))
-    return web.Response(body=orjson.dumps(message), content_type="application/json", headers=headers)
+    whole = {**message, "content": [{k: v for k, v in b.items() if k != "partial_json"} for b in content]}
+    return web.Response(body=orjson.dumps(whole), content_type="application/json", headers=headers)
 
 
 async def count_tokens(request: web.Request) -> web.Response:
@@ -187,9 +211,9 @@ def stream_events(message: dict[str, Any], chunk_chars: int) -> list[tuple[str, 
                       for p in pieces(block["thinking"], chunk_chars)]
             deltas.append({"type": "signature_delta", "signature": block["signature"]})
         else:
-            opened = {**block, "input": {}}
-            deltas = [{"type": "input_json_delta", "partial_json": p}
-                      for p in pieces(orjson.dumps(block["input"]).decode(), chunk_chars)]
+            opened = {**{k: v for k, v in block.items() if k != "partial_json"}, "input": {}}
+            raw = block.get("partial_json", orjson.dumps(block["input"]).decode())
+            deltas = [{"type": "input_json_delta", "partial_json": p} for p in pieces(raw, chunk_chars)]
         out.append(("content_block_start", {"index": index, "content_block": opened}))
         out += [("content_block_delta", {"index": index, "delta": d}) for d in deltas]
         out.append(("content_block_stop", {"index": index}))

@@ -95,14 +95,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         await asyncio.sleep(delay)
     summary = request.headers.get("x-palimpsest-purpose", "").lower() == "summary"
     n = body.get("n") or 1
-    answers = [decide(body, summary) for _ in range(n)]
+    planned = state.next_answer(request)
+    answers = [planned] if planned is not None else [decide(body, summary) for _ in range(n)]
     if summary and state.summary_format == "ignore":  # a model that ignores the required headings
         answers = [Answer(content="\n".join(line.lstrip("#").strip() for line in (a.content or "").splitlines()))
                    for a in answers]
     completion_id = f"chatcmpl-puppet{state.next_id():012d}"
     choices = [_choice(i, a, state) for i, a in enumerate(answers)]
     completion_tokens = sum(_completion_tokens(c["message"]) for c in choices)
-    usage = {
+    usage: dict[str, Any] | None = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
@@ -111,27 +112,37 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                                       "accepted_prediction_tokens": 0,
                                       "rejected_prediction_tokens": 0},
     }
+    if planned is not None and planned.usage:  # a model that reports none, or zeros
+        usage = None if planned.usage == "missing" else {k: 0 for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    elif planned is not None and planned.output_tokens is not None:
+        usage.update(completion_tokens=planned.output_tokens, total_tokens=prompt_tokens + planned.output_tokens)
     head = {"id": completion_id, "created": int(time.time()), "model": model,
             "system_fingerprint": FINGERPRINT, "service_tier": "default"}
     if body.get("stream"):
         return await stream_completion(request, head, choices, usage, body, *stream_faults(request, marks))
-    completion = {**head, "object": "chat.completion", "choices": choices, "usage": usage}
+    completion = {**head, "object": "chat.completion", "choices": choices}
+    if usage is not None:
+        completion["usage"] = usage
     return web.Response(body=orjson.dumps(completion), content_type="application/json",
                         headers=ratelimit_headers())
 
 
 
 def _choice(index: int, answer: Answer, state: PuppetState) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": answer.content, "refusal": None,
+    message: dict[str, Any] = {"role": "assistant", "content": answer.content, "refusal": answer.refusal,
                                "annotations": []}
+    if answer.reasoning is not None:  # DeepSeek's and vLLM's field for the model's thinking
+        message["reasoning_content"] = answer.reasoning
     if answer.calls:
         message["tool_calls"] = [
             {"id": f"call_{state.next_id()}", "type": "function",
              "function": {"name": name, "arguments": arguments}}
             for name, arguments in answer.calls
         ]
+    # "plain": "stop" even with calls, as vLLM and Ollama models answer
+    finish = {"length": "length", "filter": "content_filter", "plain": "stop"}.get(answer.stop)
     return {"index": index, "message": message, "logprobs": None,
-            "finish_reason": "tool_calls" if answer.calls else "stop"}
+            "finish_reason": finish or ("tool_calls" if answer.calls else "stop")}
 
 
 def _completion_tokens(message: dict[str, Any]) -> int:

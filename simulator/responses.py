@@ -107,7 +107,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     if items and item_type(items[-1]) == "compaction_trigger":
         output = [compaction_item(state, chat)]
     else:
-        answer = decide({"messages": chat, "tools": chat_tools(body.get("tools"))}, summary)
+        answer = state.next_answer(request) or decide({"messages": chat, "tools": chat_tools(body.get("tools"))}, summary)
         if answer.calls and body.get("tool_choice") == "none":  # the model may not call a tool
             answer = Answer(content="(no tool call: tool_choice none)")
         if summary and state.summary_format == "ignore":
@@ -115,6 +115,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
                                               for line in (answer.content or "").splitlines()))
         output = build_output(state, answer, ENCRYPTED in (body.get("include") or ()))
     response = response_object(state, body, output, usage(prompt_tokens, cached, output, state.secret))
+    if not (items and item_type(items[-1]) == "compaction_trigger"):
+        planned_ending(response, answer)
     if body.get("store") is not False:
         keep(state, response, items)
     if body.get("stream"):
@@ -129,24 +131,46 @@ def compaction_item(state: PuppetState, chat: list[dict[str, Any]]) -> dict[str,
             "encrypted_content": sign(state.secret, {"k": "compaction", "summary": text})}
 
 
+def planned_ending(response: dict[str, Any], answer: Answer) -> None:
+    """A planned answer's ending: cut by max_output_tokens or by the content filter ("incomplete",
+    its last item too), and its usage as reported (zeros, or none)."""
+    if answer.stop in ("length", "filter"):
+        response["status"] = "incomplete"
+        response["completed_at"] = None
+        response["incomplete_details"] = {"reason": "max_output_tokens" if answer.stop == "length" else "content_filter"}
+        if response["output"]:
+            response["output"][-1]["status"] = "incomplete"
+    if answer.usage == "missing":
+        response["usage"] = None
+    elif answer.usage == "zero":
+        response["usage"] = usage(0, 0, [])
+    elif answer.output_tokens is not None:
+        reported = response["usage"]
+        reported.update(output_tokens=answer.output_tokens, total_tokens=reported["input_tokens"] + answer.output_tokens)
+
+
 def build_output(state: PuppetState, answer: Answer, encrypted: bool) -> list[dict[str, Any]]:
     if not answer.calls:
+        part = ({"type": "refusal", "refusal": answer.refusal} if answer.refusal is not None else
+                {"type": "output_text", "text": answer.content or "", "annotations": [], "logprobs": []})
         return [{"type": "message", "id": f"msg_puppet{state.next_id():012d}", "status": "completed",
-                 "role": "assistant", "content": [{"type": "output_text", "text": answer.content or "",
-                                                   "annotations": [], "logprobs": []}]}]
+                 "role": "assistant", "content": [part]}]
     calls = [{"type": "function_call", "id": f"fc_puppet{state.next_id():012d}",
               "call_id": f"call_{state.next_id()}", "name": name, "arguments": arguments,
               "status": "completed"} for name, arguments in answer.calls]
+    said = [] if not answer.content else [  # text before the calls, as a model may write
+        {"type": "message", "id": f"msg_puppet{state.next_id():012d}", "status": "completed", "role": "assistant",
+         "content": [{"type": "output_text", "text": answer.content, "annotations": [], "logprobs": []}]}]
     if not encrypted:
-        return calls
+        return said + calls
     rs_id = f"rs_puppet{state.next_id():012d}"
-    thought = "Next I call " + ", ".join(call["name"] for call in calls) + "."
+    thought = answer.reasoning or "Next I call " + ", ".join(call["name"] for call in calls) + "."
     for call in calls:
         state.bound_reasoning[call["id"]] = rs_id
     reasoning = {"type": "reasoning", "id": rs_id, "summary": [], "encrypted_content": sign(
         state.secret, {"k": "reasoning", "id": rs_id, "binds": [c["id"] for c in calls],
                        "text": thought})}
-    return [reasoning, *calls]
+    return [*said, reasoning, *calls]
 
 
 def _output_tokens(item: dict[str, Any]) -> int:
@@ -162,7 +186,7 @@ def usage(prompt_tokens: int, cached: int, output: list[dict[str, Any]],
     reasoning = sum(count_text(reasoning_text(secret, item)) for item in output
                     if item["type"] == "reasoning")
     completion = sum(_output_tokens(item) for item in output) + reasoning
-    return {"input_tokens": prompt_tokens, "input_tokens_details": {"cached_tokens": cached},
+    return {"input_tokens": prompt_tokens, "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
             "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": prompt_tokens + completion}
 

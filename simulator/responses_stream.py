@@ -28,7 +28,8 @@ def events(response: dict[str, Any], chunk_chars: int) -> list[dict[str, Any]]:
                                  {"type": "response.in_progress", "response": start}]
     for index, item in enumerate(response["output"]):
         out.extend(_item_events(index, item, chunk_chars))
-    out.append({"type": "response.completed", "response": response})
+    out.append({"type": "response.completed" if response["status"] == "completed" else "response.incomplete",
+                "response": response})
     return out
 
 
@@ -40,6 +41,13 @@ def _item_events(index: int, item: dict[str, Any], chunk_chars: int) -> list[dic
         out = [{"type": "response.output_item.added", **at, "item": added}]
         for k, part in enumerate(item["content"]):
             where = {"item_id": item["id"], **at, "content_index": k}
+            if part["type"] == "refusal":
+                out.append({"type": "response.content_part.added", **where, "part": {"type": "refusal", "refusal": ""}})
+                out += [{"type": "response.refusal.delta", **where, "delta": piece}
+                        for piece in pieces(part["refusal"], chunk_chars)]
+                out.append({"type": "response.refusal.done", **where, "refusal": part["refusal"]})
+                out.append({"type": "response.content_part.done", **where, "part": part})
+                continue
             out.append({"type": "response.content_part.added", **where,
                         "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []}})
             for piece in pieces(part["text"], chunk_chars):

@@ -19,6 +19,16 @@ RECALL_ANSWER_CHARS = 2_000
 class Answer:
     content: str | None = None
     calls: list[tuple[str, str]] = field(default_factory=list)  # (name, arguments JSON)
+    # What a planned answer (PuppetState.planned) may add, each format rendering it its own way:
+    # "length" (cut by the output limit: the last call's arguments may be cut too) or "filter"
+    # (a content filter) instead of a natural end, "plain" for a chat answer whose calls end
+    # with finish_reason "stop" (other routes: a natural end); a refusal instead of text; the model's
+    # reasoning before its calls; "zero" or "missing" usage, or the output tokens it reports.
+    stop: str = ""
+    refusal: str | None = None
+    reasoning: str | None = None
+    usage: str = ""
+    output_tokens: int | None = None  # the output tokens reported, in place of the count
 
 
 _MARKER = re.compile(r"\[\[(fail|sleep|stall|die)\s+([\d.]+)\s*\]\]")

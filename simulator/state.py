@@ -35,6 +35,9 @@ class PuppetState:
     # Seconds the next answers (not summary calls), JSON or streamed, wait before their headers,
     # first in first out: an upstream that accepted the request and stays silent. One-shot too.
     hangs: list[float] = field(default_factory=list)
+    # The next answers (not summary calls), first in first out, in place of the script: a test's
+    # drawn model behaviours (simulator.script.Answer), any format, JSON or streamed.
+    planned: list[Any] = field(default_factory=list)
     # Pause between streamed chunks, to make streams observable in flight.
     chunk_delay_s: float = 0.0
     # Keep at most this many entries in RECEIVED (None: all); benchmarks bound it.
@@ -80,6 +83,12 @@ class PuppetState:
         if self.hangs and request.headers.get("x-palimpsest-purpose", "").lower() != "summary":
             hang = self.hangs.pop(0)
         return self.latency_s + marks.get("sleep", 0.0) + hang
+
+    def next_answer(self, request: web.Request) -> Any:
+        """The next planned answer for a request that is not a summary call, else None."""
+        if self.planned and request.headers.get("x-palimpsest-purpose", "").lower() != "summary":
+            return self.planned.pop(0)
+        return None
 
     def window(self, model: str) -> int:
         return window_for(model, self.windows, self.default_window)

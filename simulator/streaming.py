@@ -42,7 +42,7 @@ async def cut(request: web.Request) -> None:
 
 
 async def stream_completion(request: web.Request, head: dict[str, Any],
-                            choices: list[dict[str, Any]], usage: dict[str, Any],
+                            choices: list[dict[str, Any]], usage: dict[str, Any] | None,
                             body: dict[str, Any], stall_s: float, die_after: int = 0) -> web.StreamResponse:
     state = request.app[PUPPET_STATE]
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -73,10 +73,15 @@ async def stream_completion(request: web.Request, head: dict[str, Any],
         for choice in choices:
             i, message = choice["index"], choice["message"]
             calls = message.get("tool_calls") or []
-            first = {"role": "assistant", "content": None if calls else "", "refusal": None}
+            refusal = message.get("refusal")
+            first = {"role": "assistant", "content": None if calls or refusal else "", "refusal": None}
             await send(i, first)
             if stall_s:
                 await stall(request, stall_s)
+            for piece in pieces(message.get("reasoning_content") or "", state.chunk_chars):
+                await send(i, {"reasoning_content": piece})
+            for piece in pieces(refusal or "", state.chunk_chars):
+                await send(i, {"refusal": piece})
             for piece in pieces(message["content"] or "", state.chunk_chars):
                 await send(i, {"content": piece})
             for k, call in enumerate(calls):
@@ -86,7 +91,7 @@ async def stream_completion(request: web.Request, head: dict[str, Any],
                 for piece in pieces(fn["arguments"], state.chunk_chars):
                     await send(i, {"tool_calls": [{"index": k, "function": {"arguments": piece}}]})
             await send(i, {}, choice["finish_reason"])
-        if include_usage:
+        if include_usage and usage is not None:  # a model that reports no usage sends no usage chunk
             await send(None, None, chunk_usage=usage)
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()

@@ -5,7 +5,9 @@ the client's one, in JSON and in streams.
 In a stream, content deltas pass through as they come, recall tool-call deltas never do, tool
 call indices are renumbered for the client, every chunk carries the first call's id, and the
 finish reason and usage (summed over the turn's calls) are told once, at the end. A stream that
-ends with [DONE] but no finish_reason ends the client's the same way, without one.
+ends with [DONE] but no finish_reason ends the client's the same way, without one. In JSON a
+recall round's text is kept and goes before the final answer's, as a stream shows it. An answer
+cut off (``length``, ``content_filter``) is never a recall round.
 
 The loop answers requests for one choice; with ``n > 1`` the pipeline forwards the view
 without recall tools (``body_without_recall``).
@@ -60,6 +62,15 @@ def recall_body(turn: Turn, messages: list[dict], with_recall: bool, stream: boo
     return orjson.dumps(body)
 
 
+# Finish reasons of an answer that was cut off: its last call's arguments may be cut too, so
+# its recall calls are not run (the client gets the answer without them).
+CUT = ("length", "content_filter")
+
+
+def _complete(finish_reason: Any) -> bool:
+    return finish_reason is not None and finish_reason not in CUT
+
+
 def _reply(message: dict, names: tuple[str, str], usage: Any, complete: bool) -> Reply:
     calls = message.get("tool_calls") or []
     recall = [c for c in calls if is_recall_call(c, names)]
@@ -74,6 +85,7 @@ class ChatJsonTurn:
     def __init__(self, turn: Turn) -> None:
         self.names = turn.view.recall_names
         self.usage: dict | None = None
+        self.shown = ""  # what recall rounds said (their text), before the final answer's
 
     def read(self, data: dict) -> Reply | None:
         try:
@@ -83,10 +95,12 @@ class ChatJsonTurn:
         if not readable_completion(data):
             return None
         self.usage = add_usage(self.usage, data.get("usage"))
-        return _reply(message, self.names, data.get("usage"), complete=True)
+        self._content = message.get("content")
+        return _reply(message, self.names, data.get("usage"), complete=_complete(data["choices"][0].get("finish_reason")))
 
     def recalled(self, reply: Reply) -> None:
-        pass
+        if isinstance(self._content, str):  # a recall round's text: the client sees it, as a stream shows it
+            self.shown += self._content
 
     def final(self, data: dict) -> tuple[dict, dict | None, dict | None]:
         for choice in data.get("choices") or ():
@@ -100,6 +114,9 @@ class ChatJsonTurn:
                     msg.pop("tool_calls", None)
                     if choice.get("finish_reason") == "tool_calls":
                         choice["finish_reason"] = "stop"
+        if self.shown:
+            msg = data["choices"][0].get("message") or {}
+            msg["content"] = self.shown + (msg.get("content") if isinstance(msg.get("content"), str) else "")
         if self.usage is not None:
             data["usage"] = self.usage
         answer = data["choices"][0]["message"] if data["choices"][0].get("finish_reason") else None
@@ -160,7 +177,7 @@ class ChatRecallStream:
     def round_end(self) -> Reply | None:
         if self.finish_reason is None and not self.assembler.done:
             return None
-        return _reply(self.assembler.message(), self.names, self.call_usage, complete=self.finish_reason is not None)
+        return _reply(self.assembler.message(), self.names, self.call_usage, complete=_complete(self.finish_reason))
 
     def end_round(self, *, final: bool) -> bytes:
         return self.filter.end_round(self.call_usage, {}, final=final)  # chat holds nothing back

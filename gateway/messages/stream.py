@@ -176,6 +176,7 @@ class MessagesEvents:
     index_key = "index"
     hold_one = False
     hidden_drops_held = True
+    keeps_trailing_held = True
 
     def __init__(self, names: tuple[str, str] | None) -> None:
         self.names = names

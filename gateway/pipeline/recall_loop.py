@@ -5,7 +5,10 @@ it. Recall calls are executed, appended (call and result, stored as side events)
 upstream is called again, up to ``recall.max_rounds`` rounds, then once more without recall
 tools. The client sees one answer: in streams what the client may see passes through as it
 comes, recall calls never do, and the stream keeps the first call's id with usage summed over
-every upstream call of the turn. When one answer mixes client and recall calls, the client's win.
+every upstream call of the turn. When one answer mixes client and recall calls, the client's win;
+an answer cut off (by the output limit, a content filter) is not a recall round: its calls may be
+cut too, so the turn ends with them left out. What a recall round says besides its calls reaches
+the client, in JSON as in a stream.
 
 One loop serves every format: the turn's format peer (``gateway/pipeline/adapter.py``) writes
 the bodies, reads each answer into a ``Reply`` and merges the turn's answers into the client's,

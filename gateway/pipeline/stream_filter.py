@@ -10,7 +10,7 @@ for every format:
   across rounds), **hidden** (a recall call: none of its events reach the client), or **held**
   (reasoning / thinking: kept until the item after it shows what it belongs to: told first,
   bound to a shown item; dropped with a recall call, or when the round turns out to be a recall
-  round);
+  round, or, where the format says so (Responses), when no shown item follows it at all);
 - the opening event is told once, from the first call (the first call's object names the
   answer); the closing events are held back: after a recall round nothing closes, after the
   last one the format writes one close with the turn's usage, summed here over every call;
@@ -55,6 +55,10 @@ class StreamShape(Protocol):
     index_key: str  # the field that addresses an item ("output_index", "index")
     hold_one: bool  # a held item is dropped when another held item starts before a shown one
     hidden_drops_held: bool  # a hidden item takes the held items before it with it
+    # Held items no shown item followed reach the client at the end of the answer (thinking
+    # blocks, kept in JSON too); else they are dropped, as the JSON answer drops them (a
+    # reasoning item binds the items after it: alone, the provider refuses it sent back).
+    keeps_trailing_held: bool
 
     def kind(self, event: dict) -> Kind: ...
 
@@ -190,7 +194,7 @@ class StreamFilter:
         after the final round, and with the recall calls after a recall round; the shown ones
         of the round's whole `items` (by upstream index) are kept as the client's."""
         self.add_usage(usage)
-        out = self._flush_held() if final else b""
+        out = self._flush_held() if final and self.shape is not None and self.shape.keeps_trailing_held else b""
         self._drop_held()
         self.visible += [items[i] for i in self.shown() if i in items]
         return out

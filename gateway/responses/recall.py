@@ -33,19 +33,22 @@ class ResponsesJsonTurn:
         self.client_tools = turn.chat.body.get("tools")
         self.usage: dict | None = None
         self.first_id = None
+        self.shown: list[dict] = []  # what recall rounds said that the client still sees (their messages)
 
     def read(self, data: dict) -> Reply | None:
         if not isinstance(data.get("output"), list):
             return None
         self.first_id = self.first_id or data.get("id")
         self.usage = add_usage(self.usage, data.get("usage"))
+        self._output = data["output"]
         return _reply(data["output"], self.names, data.get("usage"), data.get("status", "completed") == "completed")
 
     def recalled(self, reply: Reply) -> None:
-        pass
+        # A recall round's messages: the client sees them, as a stream shows them.
+        self.shown += [i for i in visible_output(self._output, self.names) if i.get("type") == "message"]
 
     def final(self, data: dict) -> tuple[dict, dict | None, dict | None]:
-        data["output"] = visible_output(data["output"], self.names)
+        data["output"] = self.shown + visible_output(data["output"], self.names)
         data = as_sent(data, self.client_tools)
         if self.first_id:
             data["id"] = self.first_id

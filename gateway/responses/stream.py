@@ -88,6 +88,7 @@ class ResponsesEvents:
     index_key = "output_index"
     hold_one = True
     hidden_drops_held = False  # a reasoning item before a recall call may still bind a client call after it
+    keeps_trailing_held = False  # a reasoning item no shown item follows: dropped, as visible_output drops it
 
     def __init__(self, names: tuple[str, str] | None, client_tools: Any = None) -> None:
         self.names = names

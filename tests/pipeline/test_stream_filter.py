@@ -16,8 +16,8 @@ class Shape:
 
     index_key = "i"
 
-    def __init__(self, hold_one: bool = False, hidden_drops_held: bool = False) -> None:
-        self.hold_one, self.hidden_drops_held = hold_one, hidden_drops_held
+    def __init__(self, hold_one: bool = False, hidden_drops_held: bool = False, keeps_trailing_held: bool = True) -> None:
+        self.hold_one, self.hidden_drops_held, self.keeps_trailing_held = hold_one, hidden_drops_held, keeps_trailing_held
 
     def kind(self, event):
         return {"open": Kind.OPEN, "close": Kind.CLOSE, "start": Kind.START}.get(event["t"], Kind.ITEM)
@@ -82,6 +82,14 @@ def test_held_items_are_told_after_a_final_round_and_dropped_after_a_recall_roun
     f = StreamFilter(Shape(hold_one=True), add)
     seen = run(f, [[*item(0, "held"), *item(1, "hidden")], [*item(0, "held"), *item(1, "held")]])
     assert [(e["t"], e["i"]) for e in seen if "i" in e] == [("start", 0), ("part", 0)]  # one held at a time: the last
+
+
+def test_held_items_nothing_shown_follows_are_dropped_at_the_end_where_the_format_drops_them():
+    """A Responses reasoning item before only a hidden call (or nothing) binds nothing the client
+    sees: sent back alone the provider refuses it, and its JSON answer drops it too."""
+    f = StreamFilter(Shape(hold_one=True, keeps_trailing_held=False), add)
+    seen = run(f, [[*item(0, "held"), *item(1, "hidden")]])
+    assert [e for e in seen if "i" in e] == [] and f.shown() == []
 
 
 def test_the_providers_error_event_raises():
