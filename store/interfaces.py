@@ -77,8 +77,9 @@ class LedgerStore(Protocol):
         ...
 
     # -- reading (recall tools, indexer, inspector) ------------------------------------------
-    def holds(self, session_key: str, eid: str) -> bool:
-        """Whether the session holds event `eid` (an existence check, no row read)."""
+    def holds(self, session_key: str, eid: str, *, cached: bool = True) -> bool:
+        """Whether the session holds event `eid` (an existence check, no row read); with
+        ``cached=False`` never from a process-local cache (another process may have deleted it)."""
         ...
 
     def get(self, session_key: str, eid: str) -> Event | None: ...

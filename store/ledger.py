@@ -296,14 +296,14 @@ class Ledger:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def holds(self, session_key: str, eid: str) -> bool:
+    def holds(self, session_key: str, eid: str, *, cached: bool = True) -> bool:
         """Whether the session holds event `eid`: the known-events cache of this process (an
         event this process wrote or found, of the session's incarnation it last opened), else
-        one look-up on the primary key's index (no row, no message read). A session deleted
-        and created again by another process since may answer True for a gone event once:
-        callers use it to choose where to sync, and ``sync`` asks again under its lock."""
+        one look-up on the primary key's index (no row, no message read). A session another
+        process deleted since may answer True from the cache: callers choose where to sync by
+        it, and ``sync`` asks again under its lock; ``cached=False`` always looks."""
         epoch = self._epochs.get(session_key)
-        if epoch is not None and (session_key, epoch, eid) in self._seen:
+        if cached and epoch is not None and (session_key, epoch, eid) in self._seen:
             return True
         self.flush()
         return self._db.execute("SELECT 1 FROM events WHERE session_key = ? AND id = ?", (session_key, eid)).fetchone() is not None

@@ -258,7 +258,7 @@ class PostgresLedger:
         with self._pool.connection() as conn:
             return conn.execute(query, args).fetchall()
 
-    def holds(self, session_key: str, eid: str) -> bool:
+    def holds(self, session_key: str, eid: str, *, cached: bool = True) -> bool:  # no cache here: always looks
         return self._one("SELECT 1 FROM events WHERE session_key = %s AND id = %s", (session_key, eid)) is not None
 
     def get(self, session_key: str, eid: str) -> Event | None:

@@ -13,8 +13,9 @@ for another tenant, or any unknown one on the operator's key, is refused as not 
 
 Such a client resends every earlier answer by reference on every request, so what was read back
 is remembered (``ItemReferences``, per process, within 32 MB): an answer recorded under a message
-never changes, and a later request finds it with one existence check per request (the
-ledger's cache of known events) instead of two ledger reads per reference.
+never changes, and a later request finds it with one existence check per request (an index
+look-up in the store, never a process-local cache: another process may have deleted the
+session) instead of two ledger reads per reference.
 """
 
 from __future__ import annotations
@@ -62,8 +63,9 @@ class ItemReferences:
         out, remembered = await self._expanded(chat.history, session_key, ids, memo=True)
         # What was remembered counts only while the ledger still holds the session (a deleted
         # session's answers are not read back from memory): one existence check of a message
-        # an item was recorded under, not one per reference.
-        if remembered is not None and not await store_call(self.ledger.holds, session_key, remembered):
+        # an item was recorded under, not one per reference, in the store itself (a session
+        # `palimpsest delete` removed from another process is still in this process's cache).
+        if remembered is not None and not await store_call(self.ledger.holds, session_key, remembered, cached=False):
             for key in [k for k in self._memo if k[0] == session_key]:
                 self._forget(key)
             out, _ = await self._expanded(chat.history, session_key, ids, memo=False)
