@@ -280,6 +280,16 @@ def tool_names(body: dict) -> set[str]:
 
 SEARCH = ("session_search", '{"query": "artifact for step 2"}')
 
+async def sent_back_and_answered(wire, state: dict, answer, stream: bool) -> None:
+    """The client's next request, carrying `answer` as the client got it, is answered."""
+    asked = [*state["history"]]
+    wire.add_user(asked, "what next?")
+    follow = continued(wire.name, asked, answer.raw, stream)
+    async with aiohttp.ClientSession() as http:
+        nxt = await wire.post(http, state["gw"].root, client_body(wire, follow, stream), session=state["session"])
+    assert nxt.status == 200, nxt.raw[:300]
+
+
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 @pytest.mark.parametrize("wire", list(WIRES.values()), ids=list(WIRES))
@@ -297,12 +307,7 @@ async def test_a_recall_call_past_the_round_limit_leaves_no_reasoning_alone(wire
                     if stream else orjson.loads(answer.raw))
         assert [item["type"] for item in response["output"]] == []
         assert not any(e.get("type") == "response.output_item.added" for e in events(answer.raw))
-    asked = [*state["history"]]
-    wire.add_user(asked, "what next?")
-    follow = continued(wire.name, asked, answer.raw, stream)
-    async with aiohttp.ClientSession() as http:
-        nxt = await wire.post(http, state["gw"].root, client_body(wire, follow, stream), session=state["session"])
-    assert nxt.status == 200, nxt.raw[:300]
+    await sent_back_and_answered(wire, state, answer, stream)
 
 
 @pytest.mark.xfail(strict=True, reason="known: the reasoning item of an answer that mixes client and recall calls "
@@ -314,9 +319,4 @@ async def test_a_reasoning_item_split_from_a_recall_call_can_be_sent_back(stream
     mixed = Answer(calls=[(TOOL_NAME, '{"command": "ls"}'), SEARCH], reasoning="Let me look.")
     answer, _ = await ask_planned(wire, state, [mixed], stream)
     assert answer.status == 200 and client_view(wire.name, answer.raw, stream)["calls"] == [TOOL_NAME]
-    asked = [*state["history"]]
-    wire.add_user(asked, "what next?")
-    follow = continued(wire.name, asked, answer.raw, stream)
-    async with aiohttp.ClientSession() as http:
-        nxt = await wire.post(http, state["gw"].root, client_body(wire, follow, stream), session=state["session"])
-    assert nxt.status == 200, nxt.raw[:300]
+    await sent_back_and_answered(wire, state, answer, stream)

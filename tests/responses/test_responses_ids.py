@@ -256,12 +256,17 @@ async def test_item_references_the_ledger_cannot_read_back_are_never_a_500(start
                         assert (await r.json())["error"]["message"]
 
 
-async def test_a_deleted_sessions_answers_are_not_read_back_for_a_reference(start_gateway, upstream):
+@pytest.mark.parametrize("deleted_by", ["admin route", "another process"])
+async def test_a_deleted_sessions_answers_are_not_read_back_for_a_reference(start_gateway, upstream, tmp_path, deleted_by):
     """The read-back remembers what it read (a client resends every answer by reference on every
-    request), but not past the session's deletion: the same reference afterwards finds nothing
-    and, on a chat-only upstream, is dropped."""
+    request), but not past the session's deletion, through the admin route or by `palimpsest
+    delete` in a process of its own on the same embedded store (the gateway's caches are not
+    told): the same reference afterwards finds nothing and, on a chat-only upstream, is dropped."""
+    from store.ledger import Ledger
+
     gw = await start_gateway(models={"fake-32k": {"context_window": 32_000, "api": "chat"}}, tenants=TENANTS,
-                             server={"client_keys": "required", "admin_token": "adm"})
+                             server={"client_keys": "required", "admin_token": "adm"},
+                             store={"path": str(tmp_path / "store")})
     alice = client(gw, "pk-alice", session="gone")
     first = await alice.responses.create(model="fake-32k", input="alice's plan: 7731")
     body = [{"role": "user", "content": "alice's plan: 7731"}, {"type": "item_reference", "id": first.output[0].id},
@@ -271,35 +276,16 @@ async def test_a_deleted_sessions_answers_are_not_read_back_for_a_reference(star
         assert "x-palimpsest-dropped" not in raw.headers
         assert {"role": "assistant", "content": first.output_text} in upstream.chat_requests()[-1]["json"]["messages"]
     key = next(s.key for s in gw.app[LEDGER].sessions() if s.session_id == "gone")
-    async with aiohttp.ClientSession() as http:
-        async with http.delete(f"{gw.root}/admin/sessions/{key}", headers={"Authorization": "Bearer adm"}) as r:
-            assert r.status == 200
-    raw = await alice.responses.with_raw_response.create(model="fake-32k", input=body)
-    assert raw.headers["x-palimpsest-dropped"] == "item_reference=1"
-    assert first.output_text not in str(upstream.chat_requests()[-1]["json"])
-
-
-async def test_a_session_deleted_by_another_process_is_not_read_back_from_memory(start_gateway, upstream, tmp_path):
-    """`palimpsest delete` runs in a process of its own on the same embedded store: the gateway's
-    caches are not told. A reference the read-back remembered is not served from memory once the
-    store no longer holds the answer's session."""
-    from store.ledger import Ledger
-
-    gw = await start_gateway(models={"fake-32k": {"context_window": 32_000, "api": "chat"}},
-                             store={"path": str(tmp_path / "store")})
-    alice = client(gw, "pk-alice", session="gone-elsewhere")
-    first = await alice.responses.create(model="fake-32k", input="alice's plan: 7731")
-    body = [{"role": "user", "content": "alice's plan: 7731"}, {"type": "item_reference", "id": first.output[0].id},
-            {"role": "user", "content": "and then?"}]
-    for _ in range(2):  # read from the ledger, then from memory
-        raw = await alice.responses.with_raw_response.create(model="fake-32k", input=body)
-        assert {"role": "assistant", "content": first.output_text} in upstream.chat_requests()[-1]["json"]["messages"]
-    key = next(s.key for s in gw.app[LEDGER].sessions() if s.session_id == "gone-elsewhere")
-    other = Ledger(tmp_path / "store")  # another process's connection to the same files
-    try:
-        assert other.delete_session(key) > 0
-    finally:
-        other.close()
+    if deleted_by == "admin route":
+        async with aiohttp.ClientSession() as http:
+            async with http.delete(f"{gw.root}/admin/sessions/{key}", headers={"Authorization": "Bearer adm"}) as r:
+                assert r.status == 200
+    else:
+        other = Ledger(tmp_path / "store")  # another process's connection to the same files
+        try:
+            assert other.delete_session(key) > 0
+        finally:
+            other.close()
     raw = await alice.responses.with_raw_response.create(model="fake-32k", input=body)
     assert raw.headers["x-palimpsest-dropped"] == "item_reference=1"
     assert first.output_text not in str(upstream.chat_requests()[-1]["json"])
