@@ -39,10 +39,6 @@ def _refs(message: dict) -> set[str]:
             if item.get("type") == "item_reference" and isinstance(item.get("id"), str)}
 
 
-def referenced(chat) -> bool:
-    return any(_refs(m) for m in chat.history)
-
-
 def unresolved(chat) -> list[str]:
     """The ids of the references still in the history (left for the upstream to resolve)."""
     return [ref for m in chat.history for ref in _refs(m)]

@@ -65,11 +65,14 @@ class ResponsesRoutes:
             ids = path_ids(chat.history)
         if ref is None:
             ref = self.pipeline.identity.session(request, tenant, ids[0] if ids else None)
-        # References to items of answers the gateway recorded, read back from the session's ledger.
-        expanded = ref is not None and references.referenced(chat) and await self.references.expand(chat, ref.key, ids)
+        # References to items of answers the gateway recorded, read back from the session's ledger;
+        # the ones left must be the tenant's own. One walk of the history when there are none.
+        left = references.unresolved(chat)
+        expanded = bool(left) and ref is not None and await self.references.expand(chat, ref.key, ids)
         if expanded:
             ids = path_ids(chat.history)
-        await self._references_owned(request, chat, tenant)
+            left = references.unresolved(chat)
+        await self._references_owned(request, chat, tenant, left)
         # The history is not the client's input as it came: always rendered (a bypassed request
         # goes as it came, previous_response_id and all: the provider holds that chain too).
         rewritten = bool(prefix or expanded) and not bypass
@@ -111,12 +114,12 @@ class ResponsesRoutes:
             return None, []
         return SessionRef(record.tenant, record.session_id), [e.message for e in events]
 
-    async def _references_owned(self, request: web.Request, chat, tenant: str) -> None:
+    async def _references_owned(self, request: web.Request, chat, tenant: str, left: list[str]) -> None:
         """An ``item_reference`` left for the upstream to resolve must name the tenant's own item:
         one recorded for another tenant is refused as not found, and so is any unknown one on the
         operator's key, where every tenant's stored items meet (as ``previous_response_id``). A
-        model reached through Chat Completions never sees a reference (it is dropped)."""
-        left = references.unresolved(chat)
+        model reached through Chat Completions never sees a reference (it is dropped). `left`: the
+        ids of the references still in the history."""
         if not left or self.pipeline.via_chat(chat.model):
             return
         owners = await store_call(self.response_ids.item_owners, left)
